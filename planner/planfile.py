@@ -1,0 +1,128 @@
+"""Plan files: the versioned YAML that carries a chosen plan from the planner to the runtime.
+
+A plan file holds everything the runtime needs and everything `compare` needs to line the run up
+with its prediction::
+
+    schema_version: 1
+    meshplan_version: 0.1.0
+    model: {name: tiny-gpt, num_layers: 4, ...}      # ModelSpec fields
+    plan: {tp: 1, pp: 2, dp: 1, ...}                  # Plan fields
+    cluster: {name: localhost-cpu, nodes: 1, peak_flops_per_device: 3.1e10, dtype: fp32}
+    prediction: {step_time_s: 0.41, tokens_per_s: ..., mfu: ..., ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from planner import __version__
+from planner.presets import model_from_dict
+from planner.spec import ModelSpec, Plan, PlanError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanFile:
+    """The contents of a plan file.
+
+    Attributes:
+        model: the model spec.
+        plan: the plan.
+        cluster: at least ``name`` and ``nodes``; also ``peak_flops_per_device`` (FLOP/s of one
+            device at the plan's dtype), used by the runtime to report MFU.
+        prediction: the simulator's prediction the plan was chosen with (SI units).
+        meshplan_version: version that wrote the file.
+    """
+
+    model: ModelSpec
+    plan: Plan
+    cluster: dict
+    prediction: dict = field(default_factory=dict)
+    meshplan_version: str = __version__
+
+    def to_dict(self) -> dict:
+        """The YAML-ready mapping (tuples become lists)."""
+        plan = dataclasses.asdict(self.plan)
+        plan["placement"] = list(plan["placement"])
+        if plan["stage_layers"] is not None:
+            plan["stage_layers"] = list(plan["stage_layers"])
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "meshplan_version": self.meshplan_version,
+            "model": dataclasses.asdict(self.model),
+            "plan": plan,
+            "cluster": dict(self.cluster),
+            "prediction": dict(self.prediction),
+        }
+
+
+def plan_from_dict(fields: dict) -> Plan:
+    """Build a `Plan` from a mapping, naming unknown or missing keys.
+
+    Raises:
+        PlanError: unknown or missing keys, or an illegal value.
+    """
+    if not isinstance(fields, dict):
+        raise PlanError(f"plan must be a mapping of Plan fields, got {type(fields).__name__}")
+    known = {f.name: f for f in dataclasses.fields(Plan)}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise PlanError(f"unknown plan field(s) {unknown}; known fields are {sorted(known)}")
+    missing = [n for n, f in known.items() if n not in fields and f.default is dataclasses.MISSING]
+    if missing:
+        raise PlanError(f"plan is missing field(s) {missing}")
+    data = dict(fields)
+    if "placement" in data:
+        data["placement"] = tuple(data["placement"])
+    if data.get("stage_layers") is not None:
+        data["stage_layers"] = tuple(data["stage_layers"])
+    return Plan(**data)
+
+
+def write_plan_file(path: str | Path, plan_file: PlanFile) -> Path:
+    """Write ``plan_file`` as YAML to ``path`` (parent folders created) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(plan_file.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_plan_file(path: str | Path) -> PlanFile:
+    """Read and validate a plan file.
+
+    Raises:
+        PlanError: the file is missing, is not YAML, has another schema version, or holds an
+            invalid model or plan.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"plan file {str(path)!r} does not exist; write one with "
+                        f"`meshplan plan ... --out {path}`")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise PlanError(f"plan file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"plan file {path} must hold a mapping, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise PlanError(f"plan file {path}: schema_version={version!r} is not supported; "
+                        f"this meshplan reads schema_version {SCHEMA_VERSION}")
+    for key in ("model", "plan", "cluster"):
+        if not isinstance(data.get(key), dict):
+            raise PlanError(f"plan file {path} has no '{key}' mapping")
+    model_fields = dict(data["model"])
+    model = model_from_dict(model_fields, name=model_fields.pop("name", "custom"))
+    cluster = dict(data["cluster"])
+    if "name" not in cluster:
+        raise PlanError(f"plan file {path}: cluster needs a 'name'")
+    return PlanFile(model=model, plan=plan_from_dict(data["plan"]), cluster=cluster,
+                    prediction=dict(data.get("prediction") or {}),
+                    meshplan_version=str(data.get("meshplan_version", "unknown")))

@@ -1,0 +1,67 @@
+"""Model presets (published configurations, stored as YAML beside this module) and YAML loading."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from planner.spec import ModelSpec, PlanError
+
+PRESET_DIR = Path(__file__).with_name("presets")
+
+
+@lru_cache(maxsize=1)
+def _model_presets() -> dict[str, dict]:
+    with open(PRESET_DIR / "models.yaml", encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def model_names() -> list[str]:
+    """Names of the model presets, e.g. ``['gpt3-175b', 'llama3-8b', ...]``."""
+    return sorted(_model_presets())
+
+
+def model_from_dict(fields: dict, name: str = "custom") -> ModelSpec:
+    """Build a `ModelSpec` from a mapping (YAML), with errors that name unknown or missing keys.
+
+    Raises:
+        PlanError: a key is unknown or a required key is missing, or a value is illegal.
+    """
+    if not isinstance(fields, dict):
+        raise PlanError(f"model must be a mapping of ModelSpec fields, got {type(fields).__name__}")
+    known = {f.name: f for f in dataclasses.fields(ModelSpec)}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise PlanError(f"unknown model field(s) {unknown}; known fields are {sorted(known)}")
+    data = {"name": name, **fields}
+    missing = [n for n, f in known.items() if n not in data
+               and f.default is dataclasses.MISSING]
+    if missing:
+        raise PlanError(f"model {data['name']!r} is missing field(s) {missing}")
+    return ModelSpec(**data)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A model preset by name (see `model_names`), or a model YAML file by path.
+
+    Raises:
+        PlanError: the name is neither a preset nor a readable file, or the file is invalid.
+    """
+    presets = _model_presets()
+    if name_or_path in presets:
+        return model_from_dict(presets[name_or_path], name=name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise PlanError(f"model={name_or_path!r} is neither a preset ({model_names()}) "
+                        f"nor an existing YAML file")
+    try:
+        fields = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise PlanError(f"model file {path} is not valid YAML: {exc}") from None
+    if isinstance(fields, dict) and "model" in fields and isinstance(fields["model"], dict):
+        fields = fields["model"]
+    return model_from_dict(dict(fields), name=fields.get("name", path.stem)
+                           if isinstance(fields, dict) else path.stem)

@@ -1,0 +1,1 @@
+"""meshplan runtime."""

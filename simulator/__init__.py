@@ -1,0 +1,1 @@
+"""meshplan simulator."""
