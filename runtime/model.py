@@ -1,0 +1,151 @@
+"""The decoder-only transformer that the runtime trains, built from a `ModelSpec`.
+
+Module names follow torchtitan's Llama so the parallel plans read the same: ``tok`` (token
+embedding), ``pos`` (learned absolute positions), ``layers`` (an ``nn.ModuleDict`` keyed
+"0".."L-1", so a pipeline stage deletes the layers it does not own), ``norm`` and ``out``. A
+pipeline stage sets ``tok``/``pos`` (first stage only) and ``norm``/``out`` (last stage only) to
+None; `Transformer.forward` skips whatever is None.
+
+Shapes: B sequences, T tokens, h hidden, a query heads, k key/value heads, d head dim, V vocab.
+Under tensor parallelism the attention sees only its local heads (a/tp, k/tp), which the
+``view(b, t, -1, d)`` reshapes pick up.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.spec import ModelSpec
+
+#: Standard deviation of the normal init of matrices and embeddings (GPT-2).
+INIT_STD = 0.02
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    """LayerNorm (weight and bias) or RMSNorm (weight), as the spec says."""
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden, eps=1e-5)
+    return nn.LayerNorm(spec.hidden, eps=1e-5)
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped-query KV heads (repeated to match the queries)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=False)
+        self.wk = nn.Linear(spec.hidden, spec.kv_hidden, bias=False)
+        self.wv = nn.Linear(spec.hidden, spec.kv_hidden, bias=False)
+        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, h) -> (B, T, h)."""
+        b, t, _ = x.shape
+        d = self.head_dim
+        q = self.wq(x).view(b, t, -1, d).transpose(1, 2)     # (B, a, T, d)
+        k = self.wk(x).view(b, t, -1, d).transpose(1, 2)     # (B, k, T, d)
+        v = self.wv(x).view(b, t, -1, d).transpose(1, 2)     # (B, k, T, d)
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:                                        # GQA: repeat each KV head
+            k = k.repeat_interleave(groups, dim=1)            # (B, a, T, d)
+            v = v.repeat_interleave(groups, dim=1)            # (B, a, T, d)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, a, T, d)
+        o = o.transpose(1, 2).reshape(b, t, -1)               # (B, T, a·d)
+        return self.wo(o)                                     # (B, T, h)
+
+
+class MLP(nn.Module):
+    """GeLU MLP (``w2(gelu(w1 x))``) or SwiGLU (``w2(silu(w1 x) * w3 x)``)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.swiglu = spec.activation == "swiglu"
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
+        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if self.swiglu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, h) -> (B, T, h); the inner width is ffn_hidden (or ffn_hidden/tp under TP)."""
+        if self.swiglu:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))   # (B, T, h)
+        return self.w2(F.gelu(self.w1(x)))                    # (B, T, h)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(attn_norm(x))``, then ``x + mlp(ffn_norm(x))``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = _norm(spec)
+        self.attn = Attention(spec)
+        self.ffn_norm = _norm(spec)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, h) -> (B, T, h)."""
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """A GPT / Llama style decoder built from ``spec``, initialised deterministically from ``seed``.
+
+    Every rank builds the full model with the same seed and then shards it, so the distributed
+    model starts from exactly the single-process parameters.
+
+    Args:
+        spec: the model.
+        seed: seeds the parameter init (independent of the global torch RNG).
+    """
+
+    def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tok = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.pos = nn.Embedding(spec.seq_len, spec.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.norm = _norm(spec)
+        self.out = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        if spec.tied_embeddings:
+            self.out.weight = self.tok.weight
+        self.init_weights(seed)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Normal(0, 0.02) matrices and embeddings, norms at weight 1 / bias 0.
+
+        The residual output projections (``wo``, ``w2``) use std 0.02/sqrt(2L) (GPT-2, Radford et
+        al. 2019, section 2.3). Parameters are drawn in ``named_parameters`` order from one
+        generator, so the init depends on the spec and the seed only.
+        """
+        g = torch.Generator().manual_seed(seed)
+        residual_std = INIT_STD / math.sqrt(2 * self.spec.num_layers)
+        for name, p in self.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            else:
+                std = residual_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) int64 -> logits (B, T, V); on a pipeline stage (B, T, h) in or out."""
+        if self.tok is not None:
+            positions = torch.arange(x.shape[1], device=x.device)     # (T,)
+            x = self.tok(x) + self.pos(positions)                     # (B, T, h)
+        for layer in self.layers.values():
+            x = layer(x)                                              # (B, T, h)
+        if self.norm is not None:
+            x = self.norm(x)                                          # (B, T, h)
+        if self.out is not None:
+            x = self.out(x)                                           # (B, T, V)
+        return x
+
+
+def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy (nats): logits (B, T, V), targets (B, T) -> scalar."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

@@ -1,0 +1,49 @@
+"""Single-process reference training: the same model, data and optimizer with no distribution.
+
+Tests compare every distributed run against it, and ``meshplan compare`` uses it to check that a
+plan trains the same model. It is independent of `runtime.parallelize`: one process, the whole
+global batch in one forward and backward, no micro-batches, no DTensor, no process group.
+"""
+
+from __future__ import annotations
+
+import os
+
+from planner.spec import ModelSpec, Plan
+from runtime.data import ByteBatches, read_corpus
+from runtime.model import Transformer, cross_entropy_loss
+from runtime.train import make_optimizer
+
+
+def reference_losses(model_spec: ModelSpec, plan: Plan, steps: int,
+                     data: str | os.PathLike | None = None, seed: int = 0) -> list[float]:
+    """Train ``steps`` steps in one process (fp32) and return the loss of each step.
+
+    Uses ``plan.global_batch`` only: every step trains on the same global batch a distributed
+    run of ``plan`` sees (`runtime.data.ByteBatches`), as one (B, T) batch.
+
+    Args:
+        model_spec: the model.
+        plan: supplies the global batch.
+        steps: optimizer steps.
+        data: text file to train on; None for the standard-library corpus.
+        seed: seeds the init and the data order (as ``runtime.train --seed``).
+    Returns:
+        Mean cross-entropy (nats per token) over each step's global batch, before that step's
+        update.
+    Raises:
+        FileNotFoundError / ValueError: ``data`` is missing or shorter than one sequence.
+    """
+    model = Transformer(model_spec, seed=seed)
+    optimizer = make_optimizer(model.parameters())
+    batches = ByteBatches(read_corpus(data, model_spec.seq_len), seq_len=model_spec.seq_len,
+                          global_batch=plan.global_batch, seed=seed)
+    losses = []
+    for k in range(steps):
+        inputs, targets = batches.global_batch_at(k)            # (B, T), (B, T)
+        optimizer.zero_grad(set_to_none=True)
+        loss = cross_entropy_loss(model(inputs), targets)       # logits (B, T, V) -> scalar
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
