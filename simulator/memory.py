@@ -1,0 +1,141 @@
+"""Memory per pipeline stage: weights, gradients, optimizer states, activations.
+
+Sources: ZeRO (Rajbhandari et al. 2020, §3.1) for 2 + 2 + 12 bytes per parameter with mixed-
+precision Adam and for what each ZeRO stage shards; Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", §4 and Table 2, for activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.spec import DTYPE_BYTES, ModelSpec, Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes one rank of a pipeline stage holds at its peak."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    overhead_bytes: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of all parts."""
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.overhead_bytes)
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready dict of the parts and ``total_bytes``."""
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding).
+
+    Blocks / tp; the first stage adds the input embedding (V·h / tp, vocab-parallel); the last
+    adds the output projection and the final norm (a tied projection is still a separate copy
+    on the last stage when pp > 1, as in Megatron-LM).
+    """
+    layers = sum(plan.layers_per_stage(model)[stage::plan.pp])
+    params = layers * model.layer_params() / plan.tp
+    if stage == 0:
+        params += model.embedding_params() / plan.tp
+    if stage == plan.pp - 1:
+        untied_or_split = not model.tied_embeddings or plan.pp > 1
+        params += untied_or_split * model.vocab_size * model.hidden / plan.tp
+        params += (2 if model.norm == "layernorm" else 1) * model.hidden
+    return params
+
+
+def optimizer_bytes_per_param(dtype: str) -> int:
+    """Adam state bytes per parameter: 12 (fp32 master + 2 moments) for 16/8-bit training,
+    8 (2 fp32 moments) for fp32 training (ZeRO paper §3.1, K = 12)."""
+    return 8 if DTYPE_BYTES[dtype] == 4 else 12
+
+
+def layer_activation_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Activation bytes one layer stores for one micro-batch on one TP rank.
+
+    Korthikanti et al. 2022 Table 2, generalised to ffn width f and KV width k (it reduces to
+    the paper's 34·sbh + 5·a·s²·b when f = 4h and k = h):
+    attention 7h + 4k, MLP 3h + 4f (GeLU) or 3h + 6f (SwiGLU), two norms 4h, all times s·b,
+    plus 5·a·s²·b for the scores. Of these, 10·s·b·h (norms, block inputs, dropout masks) is
+    replicated over TP unless sequence parallelism shards it. Full recomputation keeps only the
+    layer input (2·s·b·h); selective drops the 5·a·s²·b term. 16-bit bytes; scaled by
+    dtype_bytes / 2.
+    """
+    s, b, h, t = model.seq_len, plan.micro_batch, model.hidden, plan.tp
+    scale = DTYPE_BYTES[plan.dtype] / 2
+    if plan.recompute == "full":
+        return 2 * s * b * h * scale / (t if plan.sequence_parallel else 1)
+    mlp = 3 * h + (6 if model.activation == "swiglu" else 4) * model.ffn_hidden
+    linear = (7 * h + 4 * model.kv_hidden) + mlp + 4 * h
+    replicated = 10 * h
+    per_token = (linear / t) if plan.sequence_parallel else (replicated + (linear - replicated) / t)
+    scores = 0.0 if plan.recompute == "selective" else 5 * model.num_heads * s * s * b / t
+    return (s * b * per_token + scores) * scale
+
+
+def microbatches_in_flight(plan: Plan, stage: int) -> float:
+    """Micro-batches of the whole stage's activations that rank ``stage`` holds at its peak.
+
+    1F1B: min(pp − stage, m) (Narayanan et al. 2021, §2.2); GPipe: all m. Interleaved 1F1B
+    with v chunks: the w + 1 chunk micro-batches of Megatron-LM's warm-up, w = 2(pp − stage −
+    1) + (v − 1)·pp, each 1/v of the stage: min(w + 1, m·v) / v (≈ pp·(1 + 1/v) on rank 0).
+    """
+    m, v = plan.num_microbatches, plan.virtual_stages
+    if plan.schedule == "gpipe":
+        return m
+    if v == 1:
+        return min(plan.pp - stage, m)
+    return min(2 * (plan.pp - stage - 1) + (v - 1) * plan.pp + 1, m * v) / v
+
+
+def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
+    # Embedding output on the first stage (2sbh, Korthikanti §4.3); final norm input plus fp32
+    # logits (4·s·b·V / tp) on the last.
+    s, b, h = model.seq_len, plan.micro_batch, model.hidden
+    scale = DTYPE_BYTES[plan.dtype] / 2
+    extra = 0.0
+    if stage == 0:
+        extra += 2 * s * b * h * scale
+    if stage == plan.pp - 1:
+        extra += 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
+    return extra
+
+
+def memory_per_stage(model: ModelSpec, plan: Plan,
+                     overhead_bytes: float = 0.0) -> list[MemoryBreakdown]:
+    """Peak memory of one rank of each pipeline stage.
+
+    Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
+    stage 1 shards optimizer states over dp, 2 also gradients, 3 also weights. Activations are
+    `layer_activation_bytes` × the stage's layers × `microbatches_in_flight`, plus the
+    embedding / logits on the first / last stage.
+
+    Args:
+        overhead_bytes: fixed per-rank extra (framework context, buffers); 0 by default.
+    Raises:
+        PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
+    """
+    d = DTYPE_BYTES[plan.dtype]
+    per_layer = layer_activation_bytes(model, plan)
+    chunks = plan.layers_per_stage(model)
+    out = []
+    for stage in range(plan.pp):
+        params = stage_params(model, plan, stage)
+        layers = sum(chunks[stage::plan.pp])
+        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
+        z = plan.zero_stage
+        out.append(MemoryBreakdown(
+            weights_bytes=params * d / (plan.dp if z >= 3 else 1),
+            gradients_bytes=params * d / (plan.dp if z >= 2 else 1),
+            optimizer_bytes=params * optimizer_bytes_per_param(plan.dtype)
+            / (plan.dp if z >= 1 else 1),
+            activations_bytes=acts * microbatches_in_flight(plan, stage),
+            overhead_bytes=overhead_bytes))
+    return out

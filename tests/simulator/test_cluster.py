@@ -1,0 +1,92 @@
+"""Cluster presets, topology and load errors."""
+
+import os
+import time
+
+import pytest
+
+from planner.spec import PlanError
+from simulator.cluster import cluster_names, load_cluster
+from simulator.hardware import load_device
+
+
+def test_presets_are_listed():
+    assert cluster_names() == ["dgx-a100", "dgx-h100", "localhost-cpu"]
+
+
+def test_dgx_a100_matches_datasheet():
+    # DGX A100 datasheet: 8x A100 80GB, NVLink 300 GB/s per direction, 8x 200 Gb/s HDR.
+    cluster = load_cluster("dgx-a100", nodes=2)
+    assert cluster.num_devices == 16 and cluster.default_dtype == "bf16"
+    assert cluster.device.peak("bf16") == 312e12
+    assert cluster.link(0, 1).bandwidth_Bps == 300e9
+    assert cluster.link(0, 8).bandwidth_Bps == 25e9
+    assert cluster.link(0, 8).latency_s > cluster.link(0, 1).latency_s
+
+
+def test_every_edge_has_bandwidth_and_latency():
+    graph = load_cluster("dgx-h100", nodes=40).graph
+    assert all("bandwidth_Bps" in d and "latency_s" in d for _, _, d in graph.edges(data=True))
+
+
+def test_cross_leaf_path_goes_through_a_spine():
+    # 32 nodes per leaf: node 0 and node 32 are on different leaves.
+    cluster = load_cluster("dgx-h100", nodes=64)
+    assert cluster.link(0, 32 * 8).hops == 6 and cluster.link(0, 8).hops == 4
+
+
+def test_16384_gpu_cluster_builds_and_queries_fast():
+    start = time.perf_counter()
+    cluster = load_cluster("dgx-h100", nodes=2048)
+    cluster.link(0, 16383)
+    assert cluster.num_devices == 16384
+    assert time.perf_counter() - start < 1.0
+
+
+def test_device_peak_names_missing_dtype():
+    with pytest.raises(PlanError, match=r"dtype='fp8'.*\['bf16', 'fp16', 'fp32', 'tf32'\]"):
+        load_device("a100-sxm-80gb").peak("fp8")
+
+
+def test_unknown_cluster_names_the_choices():
+    with pytest.raises(PlanError, match=r"cluster='dgx-b300' is neither a preset \(\['dgx-a100'"):
+        load_cluster("dgx-b300")
+
+
+@pytest.mark.parametrize("nodes", [0, -2, 1.5, True])
+def test_bad_node_count_is_rejected(nodes):
+    with pytest.raises(PlanError, match=rf"nodes={nodes!r} must be a positive integer"):
+        load_cluster("dgx-h100", nodes=nodes)
+
+
+def test_ranks_is_only_for_localhost():
+    with pytest.raises(PlanError, match="ranks=4 applies only to localhost-cpu"):
+        load_cluster("dgx-h100", ranks=4)
+    with pytest.raises(PlanError, match="nodes=2 is not allowed for 'localhost-cpu'"):
+        load_cluster("localhost-cpu", nodes=2)
+    with pytest.raises(PlanError, match="ranks=0 must be a positive integer"):
+        load_cluster("localhost-cpu", ranks=0)
+
+
+def test_localhost_ranks_share_cores():
+    cores = os.cpu_count()
+    cluster = load_cluster("localhost-cpu", ranks=2 * cores)
+    assert cluster.num_devices == 2 * cores and cluster.default_dtype == "fp32"
+    assert cluster.compute_share == pytest.approx(0.5)
+    # Oversubscribed ranks pay more per ring step than ranks <= cores (measured gloo numbers).
+    assert cluster.collective_latency_s > load_cluster("localhost-cpu", ranks=1)\
+        .collective_latency_s
+
+
+def test_cluster_from_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("kind: tpu\n")
+    with pytest.raises(PlanError, match=r"kind='tpu'; use one of \['gpu', 'localhost'\]"):
+        load_cluster(str(path))
+
+
+def test_scale_links_scales_every_edge():
+    cluster = load_cluster("dgx-a100", nodes=2)
+    fast = cluster.scale_links(bandwidth=10.0)
+    assert fast.link(0, 8).bandwidth_Bps == 250e9
+    assert cluster.link(0, 8).bandwidth_Bps == 25e9

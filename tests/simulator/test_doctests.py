@@ -1,0 +1,16 @@
+"""The formulas' doctest examples are tests too (NetworkX style)."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["cluster", "collectives", "costs", "hardware", "memory", "probe", "simulate",
+           "trace"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_doctests_pass(name):
+    module = importlib.import_module(f"simulator.{name}")
+    result = doctest.testmod(module)
+    assert result.failed == 0

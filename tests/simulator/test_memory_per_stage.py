@@ -1,0 +1,76 @@
+"""Memory per stage against hand-worked examples (Korthikanti et al. 2022; ZeRO)."""
+
+import pytest
+
+from planner.presets import load_model
+from planner.spec import Plan
+from simulator.memory import layer_activation_bytes, memory_per_stage
+
+GPT3 = load_model("gpt3-175b")  # s=2048, h=12288, a=96, f=4h (Brown et al. 2020)
+
+
+def plan(**kw):
+    base = dict(tp=1, pp=1, dp=1, micro_batch=1, global_batch=8)
+    return Plan(**{**base, **kw})
+
+
+def test_gpt3_layer_activations_without_tp():
+    # Korthikanti et al. 2022, eq. 1: 34·s·b·h + 5·a·s²·b with s=2048, b=1, h=12288, a=96:
+    # 34·2048·12288 = 855,638,016 and 5·96·2048² = 2,013,265,920 -> 2,868,903,936 bytes.
+    assert layer_activation_bytes(GPT3, plan()) == 2_868_903_936
+
+
+def test_gpt3_layer_activations_with_tp8():
+    # Table 2, TP: s·b·h·(10 + 24/8) + 5·a·s²·b/8 = 327,155,712 + 251,658,240 = 578,813,952.
+    assert layer_activation_bytes(GPT3, plan(tp=8)) == pytest.approx(578_813_952)
+
+
+def test_gpt3_layer_activations_with_sp_and_selective_recompute():
+    # Table 2, TP + SP + selective: 34·s·b·h/8 = 106,954,752.
+    p = plan(tp=8, sequence_parallel=True, recompute="selective")
+    assert layer_activation_bytes(GPT3, p) == pytest.approx(106_954_752)
+
+
+def test_full_recompute_keeps_only_the_layer_input():
+    # Table 2, full recomputation: 2·s·b·h = 50,331,648.
+    assert layer_activation_bytes(GPT3, plan(recompute="full")) == 50_331_648
+
+
+def test_fp32_doubles_activation_bytes():
+    assert layer_activation_bytes(GPT3, plan(dtype="fp32")) == 2 * 2_868_903_936
+
+
+def test_weights_grads_and_adam_states_follow_zero_paper():
+    # ZeRO §3.1: 2 + 2 + 12 bytes/param in mixed precision; ZeRO-1 shards the 12 over dp,
+    # ZeRO-3 all three. pp=1, tp=1, tied: the stage holds every parameter once.
+    n = GPT3.num_params()
+    (full,) = memory_per_stage(GPT3, plan())
+    assert (full.weights_bytes, full.gradients_bytes, full.optimizer_bytes) == (2 * n, 2 * n,
+                                                                                12 * n)
+    (z1,) = memory_per_stage(GPT3, plan(dp=8, global_batch=8, zero_stage=1))
+    assert z1.optimizer_bytes == pytest.approx(12 * n / 8) and z1.gradients_bytes == 2 * n
+    (z3,) = memory_per_stage(GPT3, plan(dp=8, global_batch=8, zero_stage=3))
+    assert z3.total_bytes - z3.activations_bytes == pytest.approx(16 * n / 8)
+
+
+def test_1f1b_first_stage_holds_pp_microbatches():
+    # Narayanan et al. 2021 §2.2: under 1F1B stage i keeps min(pp - i, m) micro-batches; GPipe m.
+    tiny = load_model("tiny-gpt")
+    p = plan(pp=4, global_batch=16, dtype="fp32")
+    per_layer = layer_activation_bytes(tiny, p)
+    stages = memory_per_stage(tiny, p)
+    # Stage 1 (1 layer, no embedding or logits) holds pp - 1 = 3 micro-batches.
+    assert stages[1].activations_bytes == pytest.approx(3 * per_layer)
+    assert stages[2].activations_bytes == pytest.approx(2 * per_layer)
+    gpipe = memory_per_stage(tiny, p.replace(schedule="gpipe"))
+    assert gpipe[1].activations_bytes == pytest.approx(16 * per_layer)
+    assert stages[0].to_dict()["total_bytes"] == stages[0].total_bytes
+
+
+def test_interleaved_first_rank_holds_pp_times_one_plus_one_over_v():
+    # Megatron-LM interleaved warm-up: rank 0 holds 2(pp-1) + (v-1)pp + 1 chunk micro-batches,
+    # each 1/v of the stage: pp=4, v=2 -> (6 + 4 + 1)/2 = 5.5 stage micro-batches.
+    from simulator.memory import microbatches_in_flight
+    p = plan(pp=4, global_batch=16, schedule="interleaved-1f1b", virtual_stages=2)
+    assert microbatches_in_flight(p, 0) == 5.5
+    assert microbatches_in_flight(p, 3) == (0 + 4 + 1) / 2
