@@ -1,0 +1,206 @@
+"""The `meshplan` command: plan, simulate, run, compare, demo.
+
+Exit codes: 0 success, 2 bad input (a `PlanError`), 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from apps.format import fmt_bytes, fmt_flag, fmt_pct, fmt_rate, fmt_time_s, print_table
+from planner import __version__
+from planner.planfile import PlanFile, read_plan_file, write_plan_file
+from planner.presets import load_model, model_names
+from planner.spec import PlanError
+
+PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
+                  "tokens_per_s", "mfu", "peak_memory_bytes"]
+PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
+              "micro_batch": ("mb", None), "recompute": ("recompute", None),
+              "sequence_parallel": ("sp", fmt_flag), "step_time_s": ("step time", fmt_time_s),
+              "tokens_per_s": ("tokens/s", fmt_rate), "mfu": ("MFU", fmt_pct),
+              "peak_memory_bytes": ("mem/rank", fmt_bytes)}
+#: Default tokens per global batch on GPU clusters (Llama 3 pre-training started at 4M tokens,
+#: Dubey et al. 2024 §3.4.1); the default global batch is this over the sequence length.
+DEFAULT_BATCH_TOKENS = 4 * 2**20
+
+
+def _console(args: argparse.Namespace) -> Console:
+    # With --json, human output goes to stderr so stdout is one JSON object.
+    return Console(stderr=bool(getattr(args, "json", False)))
+
+
+def _cluster(name: str, nodes: int | None, ranks: int | None):
+    from simulator.cluster import load_cluster
+    return load_cluster(name, nodes=nodes, ranks=ranks)
+
+
+def default_global_batch(cluster, seq_len: int) -> int:
+    """8 sequences on a CPU cluster; else ~4M tokens rounded to a power of two of sequences."""
+    if cluster.default_dtype == "fp32":
+        return 8
+    return max(1, 2 ** round(math.log2(DEFAULT_BATCH_TOKENS / seq_len)))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.search import search
+    console = _console(args)
+    model = load_model(args.model)
+    if args.seq_len:
+        model = model.replace(seq_len=args.seq_len)
+    cluster = _cluster(args.cluster, args.nodes, args.ranks)
+    gb = args.global_batch or default_global_batch(cluster, model.seq_len)
+    console.print(f"[bold]{model.name}[/] ({model.num_params() / 1e9:.2f}B params, seq "
+                  f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
+                  f"{cluster.device.name}), global batch {gb}")
+    result = search(model, cluster, global_batch=gb, top_k=args.top_k)
+    ranked, rejected = result.ranked, result.rejected
+    if args.json:
+        print(json.dumps({"plans": ranked[PLAN_JSON_KEYS].to_dict("records"),
+                          "rejected": rejected.to_dict("records")}))
+    else:
+        print_table(console, ranked, "ranked plans (best first)", PLAN_TABLE, limit=args.top)
+        refined = int((ranked["tier"] == "simulated").sum())
+        oom = rejected["reason"].str.startswith("out of memory")
+        console.print(f"{len(ranked)} legal plans ({refined} best refined by SimPy, the rest "
+                      f"analytical); {len(rejected)} rejected: {int(oom.sum())} out of memory, "
+                      f"{int((~oom).sum())} illegal (`--json` lists every reason)")
+        for kind in (oom, ~oom):
+            if kind.any():
+                row = rejected[kind].iloc[0]
+                console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
+    if args.out:
+        best = result.best
+        pred = result.predictions[best.id]
+        write_plan_file(args.out, PlanFile(
+            model=model, plan=best, prediction=pred.to_dict(),
+            cluster={"name": cluster.name, "nodes": cluster.num_nodes,
+                     "num_devices": best.world_size,
+                     "peak_flops_per_device": cluster.device.peak(best.dtype)}))
+        console.print(f"wrote {args.out} ({best.id})")
+    return 0 if not ranked.empty else 1
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from simulator.simulate import simulate
+    console = _console(args)
+    pf = read_plan_file(args.plan)
+    cluster = _cluster(pf.cluster["name"], pf.cluster.get("nodes"), pf.cluster.get("ranks")
+                       or (pf.plan.world_size if pf.cluster["name"] == "localhost-cpu" else None))
+    pred = simulate(pf.model, pf.plan, cluster)
+    out = {"id": pf.plan.id, **pred.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    console.print(f"[bold]{pf.plan.id}[/] of {pf.model.name} on {cluster.name}")
+    for key in ("step_time_s", "compute_s", "comm_s", "bubble_s"):
+        console.print(f"  {key:<18} {fmt_time_s(out[key])}")
+    console.print(f"  {'tokens_per_s':<18} {fmt_rate(out['tokens_per_s'])} (global)")
+    console.print(f"  {'mfu':<18} {fmt_pct(out['mfu'])}   hfu {fmt_pct(out['hfu'])}")
+    console.print(f"  {'peak_memory':<18} {fmt_bytes(out['peak_memory_bytes'])} per rank")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runtime.launch import run_plan
+    console = _console(args)
+    summary = run_plan(args.plan, steps=args.steps, out_dir=args.out, data=args.data)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
+                      f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"
+                      f", {fmt_rate(summary['tokens_per_s'])} tokens/s")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from apps.compare import compare
+    console = _console(args)
+    result = compare(steps=args.steps, out_dir=Path(args.out), console=console)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    console = Console()
+    console.rule("1. plan Llama 3 70B on 64 DGX H100 nodes (512 GPUs)")
+    code = cmd_plan(argparse.Namespace(
+        model="llama3-70b", cluster="dgx-h100", nodes=64, ranks=None, global_batch=None,
+        seq_len=None, top_k=20, top=10, out=str(Path(args.out) / "llama3-70b-plan.yaml"),
+        json=False))
+    if code:
+        return code
+    console.rule("2. predicted vs measured: tiny-gpt on this machine")
+    return cmd_compare(argparse.Namespace(steps=args.steps, out=args.out, json=False))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(prog="meshplan", description=(
+        "Plan, simulate and run distributed LLM training; compare predictions with runs."))
+    p.add_argument("--version", action="version", version=f"meshplan {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
+    sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}) or YAML")
+    sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, localhost-cpu)")
+    sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")
+    sp.add_argument("--ranks", type=int, help="processes on localhost-cpu (default 4)")
+    sp.add_argument("--global-batch", type=int, help="sequences per step (default: 4M tokens "
+                    "on GPUs, 8 on localhost-cpu)")
+    sp.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    sp.add_argument("--top-k", type=int, default=20, help="plans refined by SimPy (default 20)")
+    sp.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
+    sp.add_argument("--out", help="write the best plan to this plan file (YAML)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sp.set_defaults(func=cmd_plan)
+
+    ss = sub.add_parser("simulate", help="simulate one plan file")
+    ss.add_argument("plan", help="plan file (YAML)")
+    ss.add_argument("--json", action="store_true")
+    ss.set_defaults(func=cmd_simulate)
+
+    sr = sub.add_parser("run", help="train a plan file with torchrun on this machine")
+    sr.add_argument("plan", help="plan file (YAML)")
+    sr.add_argument("--steps", type=int, default=10)
+    sr.add_argument("--data", help="text file to train on (default: Python stdlib sources)")
+    sr.add_argument("--out", help="run folder (default runs/<plan id>)")
+    sr.add_argument("--json", action="store_true", help="print summary.json on stdout")
+    sr.set_defaults(func=cmd_run)
+
+    sc = sub.add_parser("compare", help="plan tiny-gpt locally, run DP/TP/PP, compare")
+    sc.add_argument("--steps", type=int, default=8)
+    sc.add_argument("--out", default="runs/compare")
+    sc.add_argument("--json", action="store_true")
+    sc.set_defaults(func=cmd_compare)
+
+    sd = sub.add_parser("demo", help="plan Llama 3 70B on 512 H100s, then run compare")
+    sd.add_argument("--steps", type=int, default=8)
+    sd.add_argument("--out", default="runs/demo")
+    sd.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `meshplan` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PlanError as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    except (RuntimeError, OSError) as exc:
+        Console(stderr=True).print(f"[red]failed:[/] {exc}", highlight=False)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Human units at the edge: the one place SI values become ms, GiB and percentages."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+GiB = 2**30
+
+
+def fmt_time_s(seconds: float) -> str:
+    """Seconds as ``'412.3 ms'`` below one second, else ``'12.34 s'``.
+
+    >>> fmt_time_s(0.4123), fmt_time_s(8.7821)
+    ('412.3 ms', '8.78 s')
+    """
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes as GiB with one decimal (``'71.3 GiB'``), or MiB below 1 GiB."""
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
+def fmt_pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal; '-' when unknown."""
+    return "-" if x is None or pd.isna(x) else f"{100 * x:.1f}%"
+
+
+def fmt_flag(x: bool) -> str:
+    """A boolean as 'yes' / '-' for narrow table columns."""
+    return "yes" if x else "-"
+
+
+def fmt_rate(x: float) -> str:
+    """A rate (tokens/s) with thousands separators."""
+    return f"{x:,.0f}"
+
+
+def print_table(console: Console, df: pd.DataFrame, title: str,
+                columns: dict[str, tuple[str, object]], limit: int | None = None) -> None:
+    """Print the ``columns`` of ``df`` as a rich table.
+
+    ``columns`` maps a column name to ``(header, formatter)``; formatter None prints ``str``.
+    """
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, (header, _) in columns.items():
+        table.add_column(header, justify="left" if df[col].dtype == object else "right",
+                         no_wrap=col == "id")
+    for _, row in (df.head(limit) if limit else df).iterrows():
+        table.add_row(*[fmt(row[c]) if fmt else str(row[c]) for c, (_, fmt) in columns.items()])
+    console.print(table)

@@ -1,0 +1,76 @@
+"""CLI smoke tests: every --help, `plan --json`, plan files and exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from apps.cli import build_parser, main
+
+SUBCOMMANDS = ["plan", "simulate", "run", "compare", "demo"]
+
+
+def _meshplan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "apps.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", [[]] + [[c] for c in SUBCOMMANDS])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    assert "usage: meshplan" in capsys.readouterr().out
+
+
+def test_every_subcommand_is_documented():
+    text = build_parser().format_help()
+    for command in SUBCOMMANDS:
+        assert command in text
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("meshplan 0.")
+
+
+def test_plan_json_is_one_object_best_first(tmp_path):
+    out = tmp_path / "plan.yaml"
+    proc = _meshplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
+                     "--global-batch", "64", "--top-k", "5", "--json", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) == {"plans", "rejected"}
+    plans = data["plans"]
+    assert plans and set(plans[0]) == {"id", "tp", "pp", "dp", "micro_batch", "global_batch",
+                                       "step_time_s", "tokens_per_s", "mfu",
+                                       "peak_memory_bytes"}
+    for row in plans:
+        assert row["tp"] * row["pp"] * row["dp"] == 16  # 2 nodes x 8 GPUs
+        # tokens/s = global batch x seq len / step time (definition), for every row
+        assert row["tokens_per_s"] == pytest.approx(64 * 8192 / row["step_time_s"], rel=1e-9)
+    refined = plans[:5]
+    assert [r["tokens_per_s"] for r in refined] == sorted(
+        (r["tokens_per_s"] for r in refined), reverse=True)
+    assert all(r["reason"] for r in data["rejected"])
+    assert out.is_file()
+    sim = _meshplan("simulate", str(out), "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["step_time_s"] == pytest.approx(plans[0]["step_time_s"],
+                                                                  rel=1e-6)
+
+
+def test_bad_model_exits_2_with_the_choices():
+    proc = _meshplan("plan", "--model", "gpt5", "--cluster", "dgx-h100")
+    assert proc.returncode == 2
+    assert "model='gpt5' is neither a preset" in proc.stderr
+    assert "llama3-70b" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_plan_file_exits_2():
+    proc = _meshplan("simulate", "no-such-plan.yaml")
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
