@@ -147,7 +147,7 @@ class ModelSpec:
         return (self.num_layers * self.layer_params() + self.embedding_params()
                 + self.output_params() + final_norm)
 
-    def replace(self, **changes: object) -> "ModelSpec":
+    def replace(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -280,7 +280,7 @@ class Plan:
             parts.append("sp")
         return "-".join(parts)
 
-    def replace(self, **changes: object) -> "Plan":
+    def replace(self, **changes: object) -> Plan:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
