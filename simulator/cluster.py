@@ -1,9 +1,16 @@
 """Clusters as NetworkX graphs of devices, switches and links, with presets as YAML data.
 
-Graph nodes are devices ``("gpu", node, local)`` (or ``("cpu", 0, rank)``) and switches
-``("nvswitch", node)``, ``("nic", node, local)``, ``("leaf", i)``, ``("spine", i)``,
-``("loopback", 0)``. Every edge carries ``bandwidth_Bps`` (per direction) and ``latency_s``.
-Device index ``d`` is ``node * devices_per_node + local``.
+Graph nodes are devices ``("gpu", node, local)`` (or ``("cpu", 0, rank)``), and switches
+``("nvswitch", node)``, ``("pcie", node, i)``, ``("host", node)``, ``("nic", node, i)``,
+``("leaf", su, rail)`` (rail-optimised; ``("leaf", su, 0)`` in a plain fat tree),
+``("spine", pod, i)``, ``("core", i)``, ``("loopback", 0)``. Every edge carries
+``bandwidth_Bps`` (per direction) and ``latency_s``. Device index ``d`` is
+``node * devices_per_node + local``.
+
+A GPU cluster file (see docs/clusters.md) names a node type (``presets/node_types.yaml``), a
+node count, and the fabric: ``rail-optimized`` (NIC i of every node in a scalable unit (SU) on
+leaf i) or ``fat-tree`` (all NICs of a node on one leaf), switch radix, tiers (1-3) and the
+leaf oversubscription (downlink / uplink bandwidth).
 """
 
 from __future__ import annotations
@@ -21,7 +28,16 @@ import networkx as nx
 import yaml
 
 from planner.spec import PlanError
-from simulator.hardware import DeviceProfile, load_device
+from simulator.fabric import (
+    INTRA_KINDS,
+    build_gpu_graph,
+    check_positive,
+    check_positive_int,
+    fabric_layout,
+    mapping_field,
+    require_field,
+)
+from simulator.hardware import DeviceProfile, device_names, load_device
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -32,6 +48,52 @@ class Link(NamedTuple):
     bandwidth_Bps: float
     latency_s: float
     hops: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommModel:
+    """Parameters of the collective library on top of the wires (see presets/fabrics.yaml).
+
+    Attributes:
+        link_efficiency: achieved fraction of NVLink / PCIe line rate per ring step.
+        nic_efficiency: achieved fraction of NIC line rate.
+        endpoint_Bps: per-rank bytes/s of reading the input and writing the output (inf: free).
+        launch_latency_s: fixed cost of one collective call.
+        step_latency_s: software cost per algorithm step of the Simple protocol, on top of the
+            path latency.
+        ll128_step_latency_s: the same for NCCL's LL128 protocol; None: Simple only.
+        ll128_bandwidth_fraction: share of the Simple protocol's bandwidth LL128 achieves.
+    """
+
+    link_efficiency: float = 1.0
+    nic_efficiency: float = 1.0
+    endpoint_Bps: float = math.inf
+    launch_latency_s: float = 0.0
+    step_latency_s: float = 0.0
+    ll128_step_latency_s: float | None = None
+    ll128_bandwidth_fraction: float = 1.0
+
+    def protocols(self) -> list[tuple[str, float, float]]:
+        """``(name, step latency s, bandwidth fraction)`` of each protocol a collective may
+        pick per size (NCCL: Simple, LL128)."""
+        out = [("simple", self.step_latency_s, 1.0)]
+        if self.ll128_step_latency_s is not None:
+            out.append(("ll128", self.ll128_step_latency_s, self.ll128_bandwidth_fraction))
+        return out
+
+    def __post_init__(self) -> None:
+        for name in ("link_efficiency", "nic_efficiency", "ll128_bandwidth_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise PlanError(f"{name}={getattr(self, name)!r} must be in (0, 1]")
+        if not self.endpoint_Bps > 0:
+            raise PlanError(f"endpoint_Bps={self.endpoint_Bps!r} must be > 0")
+        for name in ("launch_latency_s", "step_latency_s"):
+            if getattr(self, name) < 0:
+                raise PlanError(f"{name}={getattr(self, name)!r} must be >= 0")
+
+
+#: Textbook alpha-beta on the raw links: no efficiency loss, no launch or endpoint cost.
+IDEAL_COMM = CommModel()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,14 +108,25 @@ class Cluster:
         devices_per_node: devices (GPUs, or ranks for localhost-cpu) per server.
         default_dtype: dtype plans use by default ('bf16' on GPUs, 'fp32' on CPU).
         nics_per_node: NICs per server that carry inter-node traffic (0 for localhost-cpu).
-        nodes_per_leaf: servers per leaf switch (for the path class cache).
-        oversubscription: leaf downlink / uplink bandwidth ratio (1 = non-blocking fat tree);
-            when every device sends across the spine at once each gets
-            ``nics_per_node · nic_bw / (devices_per_node · oversubscription)``.
+        nodes_per_leaf: servers per scalable unit: under one leaf (per rail when rail-optimised).
+        oversubscription: leaf downlink / uplink bandwidth ratio (1 = non-blocking fat tree).
         compute_share: fraction of a device each rank gets (C/R when R ranks share C cores).
         collective_latency_s / collective_bandwidth_Bps: when set, collectives use this per-step
             alpha and bus bandwidth instead of the graph links (loopback gloo, where the CPU
             reduction, not a wire, is the bottleneck).
+        node_type: node type preset ('dgx-h100', ...); '' for localhost.
+        intra_kind: 'nvswitch', 'pcie' or 'loopback'.
+        intra_bandwidth_Bps / intra_latency_s: one GPU's port into the node's switch, and the
+            GPU-to-GPU latency through it.
+        gpus_per_switch: GPUs under one PCIe switch (pcie nodes).
+        in_switch_reduction: the NVSwitch reduces in the switch (NVLink SHARP).
+        nic_bandwidth_Bps / transport: one NIC's line rate and 'infiniband' / 'roce'.
+        topology / tiers / switch_radix: fabric shape.
+        leaf_uplink_Bps: total uplink bandwidth of one leaf (one rail of an SU).
+        nodes_per_pod: servers under one set of spines (3 tiers; = num_nodes below that).
+        pod_uplink_Bps: total uplink bandwidth of one pod's spines to the cores (per rail).
+        spines: spine switches per pod.
+        comm: collective-library parameters (`CommModel`).
         source: where the numbers come from.
     """
 
@@ -69,7 +142,25 @@ class Cluster:
     compute_share: float = 1.0
     collective_latency_s: float | None = None
     collective_bandwidth_Bps: float | None = None
+    node_type: str = ""
+    intra_kind: str = "loopback"
+    intra_bandwidth_Bps: float = math.inf
+    intra_latency_s: float = 0.0
+    gpus_per_switch: int = 0
+    in_switch_reduction: bool = False
+    nic_bandwidth_Bps: float = 0.0
+    transport: str = ""
+    topology: str = "fat-tree"
+    tiers: int = 1
+    switch_radix: int = 0
+    leaf_uplink_Bps: float = math.inf
+    nodes_per_pod: int = 0
+    pod_uplink_Bps: float = math.inf
+    spines: int = 0
+    comm: CommModel = IDEAL_COMM
     source: str = ""
+    #: localhost-cpu: the calibrated `simulator.cpu_model.CpuProfile` in use (None: defaults).
+    cpu_costs: object = field(default=None, compare=False, repr=False)
     _links: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -77,9 +168,19 @@ class Cluster:
         """All devices: num_nodes · devices_per_node."""
         return self.num_nodes * self.devices_per_node
 
+    @property
+    def rail_optimized(self) -> bool:
+        """NIC i of every node in an SU sits on leaf i (NCCL keeps traffic on its rail)."""
+        return self.topology == "rail-optimized"
+
     def node_of(self, index: int) -> int:
         """Server that device ``index`` sits in."""
         return index // self.devices_per_node
+
+    def nic_of(self, index: int) -> int:
+        """NIC (rail) that device ``index`` uses: local · nics_per_node // devices_per_node."""
+        return (index % self.devices_per_node) * max(1, self.nics_per_node) \
+            // self.devices_per_node
 
     def device_key(self, index: int) -> tuple:
         """Graph node of device ``index``.
@@ -94,22 +195,26 @@ class Cluster:
         return (kind, self.node_of(index), index % self.devices_per_node)
 
     def _path_class(self, i: int, j: int) -> tuple:
-        # Devices are symmetric within a class: same device, same node, same leaf, other leaf.
+        # Devices are symmetric within a class: same device, same node, same SU, same pod,
+        # across pods; and whether the two use the same rail.
         if i == j:
             return ("self",)
         ni, nj = self.node_of(i), self.node_of(j)
         if ni == nj:
             return ("node",)
+        rail = self.nic_of(i) == self.nic_of(j)
         if ni // self.nodes_per_leaf == nj // self.nodes_per_leaf:
-            return ("leaf",)
-        return ("spine",)
+            return ("leaf", rail)
+        if self.nodes_per_pod and ni // self.nodes_per_pod == nj // self.nodes_per_pod:
+            return ("spine", rail)
+        return ("core", rail) if self.nodes_per_pod else ("spine", rail)
 
     def link(self, i: int, j: int) -> Link:
         """Alpha-beta parameters between devices ``i`` and ``j``.
 
         Bottleneck bandwidth and summed latency over the NetworkX shortest (fewest-hop) path,
-        cached per path class (same node / same leaf / across the spine), so a query on a
-        16,384-device cluster costs one BFS per class.
+        cached per path class (same node / same leaf / across the spine / across the core), so
+        a query on a 16,384-device cluster costs one BFS per class.
         """
         key = self._path_class(i, j)
         if key not in self._links:
@@ -124,76 +229,92 @@ class Cluster:
         return self._links[key]
 
     def crosses_spine(self, i: int, j: int) -> bool:
-        """Whether devices ``i`` and ``j`` sit under different leaf switches."""
-        return self._path_class(i, j) == ("spine",)
+        """Whether devices ``i`` and ``j`` sit under different leaf switches (SUs)."""
+        return self._path_class(i, j)[0] in ("spine", "core")
 
     def replace(self, **changes: object) -> Cluster:
         """A copy with some fields changed (the link cache starts empty)."""
         return dataclasses.replace(self, _links={}, **changes)
 
+    def ideal(self) -> Cluster:
+        """A copy costed with textbook alpha-beta on the raw links (`IDEAL_COMM`)."""
+        return self.replace(comm=IDEAL_COMM)
+
     def scale_links(self, bandwidth: float = 1.0, latency: float = 1.0) -> Cluster:
         """A copy with every link's bandwidth multiplied by ``bandwidth`` and latency by
-        ``latency`` (the collective overrides too)."""
+        ``latency`` (the collective overrides and library costs too)."""
         graph = self.graph.copy()
         for _, _, data in graph.edges(data=True):
             data["bandwidth_Bps"] *= bandwidth
             data["latency_s"] *= latency
         coll_bw = self.collective_bandwidth_Bps
         coll_lat = self.collective_latency_s
+        comm = dataclasses.replace(
+            self.comm, endpoint_Bps=self.comm.endpoint_Bps * bandwidth,
+            launch_latency_s=self.comm.launch_latency_s * latency,
+            step_latency_s=self.comm.step_latency_s * latency,
+            ll128_step_latency_s=None if self.comm.ll128_step_latency_s is None
+            else self.comm.ll128_step_latency_s * latency)
         return self.replace(
-            graph=graph,
+            graph=graph, comm=comm,
+            intra_bandwidth_Bps=self.intra_bandwidth_Bps * bandwidth,
+            intra_latency_s=self.intra_latency_s * latency,
+            nic_bandwidth_Bps=self.nic_bandwidth_Bps * bandwidth,
+            leaf_uplink_Bps=self.leaf_uplink_Bps * bandwidth,
+            pod_uplink_Bps=self.pod_uplink_Bps * bandwidth,
             collective_bandwidth_Bps=None if coll_bw is None else coll_bw * bandwidth,
             collective_latency_s=None if coll_lat is None else coll_lat * latency)
 
 
-@lru_cache(maxsize=1)
-def _cluster_presets() -> dict[str, dict]:
-    with open(PRESET_DIR / "clusters.yaml", encoding="utf-8") as f:
+def _load_yaml(name: str) -> dict:
+    with open(PRESET_DIR / name, encoding="utf-8") as f:
         return yaml.safe_load(f)
 
 
+@lru_cache(maxsize=1)
+def _cluster_presets() -> dict[str, dict]:
+    return _load_yaml("clusters.yaml")
+
+
+@lru_cache(maxsize=1)
+def _node_types() -> dict[str, dict]:
+    return _load_yaml("node_types.yaml")
+
+
+@lru_cache(maxsize=1)
+def _fabrics() -> dict[str, dict]:
+    return _load_yaml("fabrics.yaml")
+
+
 def cluster_names() -> list[str]:
-    """Names of the cluster presets: ``['dgx-a100', 'dgx-h100', 'localhost-cpu']``."""
+    """Names of the cluster presets, e.g. ``['dgx-a100', 'dgx-b200', ...]``."""
     return sorted(_cluster_presets())
 
 
-def _positive_int(name: str, value: object, cluster: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(f"{name}={value!r} must be a positive integer for cluster {cluster!r}")
-    return value
+def node_type_names() -> list[str]:
+    """Names of the node types, e.g. ``['dgx-a100', 'dgx-b200', ..., 'pcie-a100']``."""
+    return sorted(_node_types())
 
 
-def build_gpu_graph(spec: dict, nodes: int) -> nx.Graph:
-    """NVSwitch inside each node, one NIC per GPU, NICs into leaves, leaves into spines.
+def transport_names() -> list[str]:
+    """Fabric transports: ``['infiniband', 'roce']``."""
+    return sorted(_fabrics()["transports"])
 
-    Leaf-to-spine links carry ``nodes_per_leaf · nics · nic_bw / (spines · oversubscription)``
-    each, so the fabric is non-blocking at oversubscription 1 (a fat tree).
-    """
-    g = nx.Graph()
-    per_node, nic = spec["devices_per_node"], spec["nic"]
-    nv, fabric = spec["nvswitch"], spec["fabric"]
-    nic_bw, nic_lat = float(nic["bandwidth_Bps"]), float(nic["latency_s"]) / 2
-    sw_lat = float(fabric["switch_latency_s"])
-    per_leaf = fabric["nodes_per_leaf"]
-    for n in range(nodes):
-        for local in range(per_node):
-            gpu = ("gpu", n, local)
-            # NVSwitch latency splits over the two hops GPU->switch->GPU.
-            g.add_edge(gpu, ("nvswitch", n), bandwidth_Bps=float(nv["bandwidth_Bps"]),
-                       latency_s=float(nv["latency_s"]) / 2)
-            nic_key = ("nic", n, local % nic["per_node"])
-            g.add_edge(gpu, nic_key, bandwidth_Bps=nic_bw, latency_s=nic_lat)
-            g.add_edge(nic_key, ("leaf", n // per_leaf), bandwidth_Bps=nic_bw,
-                       latency_s=nic_lat + sw_lat)
-    leaves = math.ceil(nodes / per_leaf)
-    if leaves > 1:
-        spines = fabric["spines"]
-        uplink = per_leaf * nic["per_node"] * nic_bw / (spines * fabric["oversubscription"])
-        for leaf in range(leaves):
-            for s in range(spines):
-                g.add_edge(("leaf", leaf), ("spine", s), bandwidth_Bps=uplink,
-                           latency_s=sw_lat)
-    return g
+
+def default_comm_model(device: DeviceProfile) -> CommModel:
+    """The fitted collective-library parameters (presets/fabrics.yaml) on ``device``."""
+    p = _fabrics()["collective_model"]
+    proto = p["protocols"]
+    return CommModel(link_efficiency=p["link_efficiency"], nic_efficiency=p["nic_efficiency"],
+                     endpoint_Bps=p["endpoint_hbm_fraction"] * device.memory_bandwidth_Bps,
+                     launch_latency_s=p["launch_latency_s"],
+                     step_latency_s=proto["simple"]["step_latency_s"],
+                     ll128_step_latency_s=proto["ll128"]["step_latency_s"],
+                     ll128_bandwidth_fraction=proto["ll128"]["bandwidth_fraction"])
+
+
+def _merged(base: dict, override: dict) -> dict:
+    return {**base, **override}
 
 
 def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
@@ -201,16 +322,60 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
     if ranks is not None:
         raise PlanError(f"ranks={ranks!r} applies only to localhost-cpu; cluster {name!r} "
                         f"takes nodes")
-    nodes = _positive_int("nodes", spec.get("default_nodes", 1) if nodes is None else nodes,
-                          name)
-    device = profile or load_device(spec["device"])
-    return Cluster(name=name, graph=build_gpu_graph(spec, nodes), device=device,
-                   num_nodes=nodes, devices_per_node=spec["devices_per_node"],
+    node_type = require_field(spec, "node_type", "", name)
+    types = _node_types()
+    if node_type not in types:
+        raise PlanError(f"cluster {name!r}: node_type={node_type!r} is not one of "
+                        f"{node_type_names()}")
+    base = types[node_type]
+    nodes = check_positive_int("nodes", spec.get("nodes", spec.get("default_nodes", 1))
+                          if nodes is None else nodes, name)
+    per_node = check_positive_int("devices_per_node", spec.get("devices_per_node",
+                                                          base["devices_per_node"]), name)
+    device_name = spec.get("device", base["device"])
+    if profile is None and device_name not in device_names():
+        raise PlanError(f"cluster {name!r}: device={device_name!r} is not one of "
+                        f"{device_names()}")
+    device = profile or load_device(device_name)
+    intra = _merged(base["intra"], mapping_field(spec, "intra", name))
+    if intra["kind"] not in INTRA_KINDS:
+        raise PlanError(f"cluster {name!r}: intra.kind={intra['kind']!r} is not one of "
+                        f"{list(INTRA_KINDS)}")
+    check_positive("intra.bandwidth_Bps", intra["bandwidth_Bps"], name)
+    check_positive("intra.latency_s", intra["latency_s"], name, zero_ok=True)
+    nic = _merged(base["nic"], mapping_field(spec, "nic", name))
+    if "speed_Gbps" in mapping_field(spec, "nic", name):
+        nic["bandwidth_Bps"] = check_positive("nic.speed_Gbps", nic["speed_Gbps"], name) * 1e9 / 8
+    nics = check_positive_int("nic.per_node", nic["per_node"], name)
+    nic_bw = check_positive("nic.bandwidth_Bps", nic["bandwidth_Bps"], name)
+    transports = _fabrics()["transports"]
+    if nic.get("transport") not in transports:
+        raise PlanError(f"cluster {name!r}: nic.transport={nic.get('transport')!r} is not one "
+                        f"of {transport_names()}")
+    transport = dict(transports[nic["transport"]])
+    if "latency_s" in nic:
+        transport["nic_latency_s"] = check_positive("nic.latency_s", nic["latency_s"], name,
+                                               zero_ok=True)
+    fabric_spec = mapping_field(spec, "fabric", name)
+    fab = fabric_layout(name, fabric_spec, nodes, per_node, nics, nic_bw, transport)
+    sources = [intra.get("source", ""), nic.get("source", ""), fabric_spec.get("source", ""),
+               transport.get("source", "")]
+    return Cluster(name=name, graph=build_gpu_graph(fab, intra), device=device,
+                   num_nodes=nodes, devices_per_node=per_node,
                    default_dtype=spec.get("default_dtype", "bf16"),
-                   nics_per_node=spec["nic"]["per_node"],
-                   nodes_per_leaf=spec["fabric"]["nodes_per_leaf"],
-                   oversubscription=float(spec["fabric"]["oversubscription"]),
-                   source="; ".join(spec[k]["source"] for k in ("nvswitch", "nic", "fabric")))
+                   nics_per_node=nics, nodes_per_leaf=fab.nodes_per_leaf,
+                   oversubscription=fab.oversubscription, node_type=node_type,
+                   intra_kind=intra["kind"], intra_bandwidth_Bps=float(intra["bandwidth_Bps"]),
+                   intra_latency_s=float(intra["latency_s"]),
+                   gpus_per_switch=int(intra.get("gpus_per_switch", per_node)),
+                   in_switch_reduction=bool(intra.get("in_switch_reduction", False)),
+                   nic_bandwidth_Bps=nic_bw, transport=nic["transport"],
+                   topology=fab.topology, tiers=fab.tiers, switch_radix=fab.radix,
+                   leaf_uplink_Bps=fab.leaf_uplink_Bps if fab.tiers > 1 else math.inf,
+                   nodes_per_pod=fab.nodes_per_pod, pod_uplink_Bps=fab.pod_uplink_Bps,
+                   spines=fab.spines if fab.tiers > 1 else 0,
+                   comm=default_comm_model(device),
+                   source="; ".join(s for s in sources if s))
 
 
 def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
@@ -218,7 +383,7 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
     if nodes not in (None, 1):
         raise PlanError(f"nodes={nodes!r} is not allowed for {name!r} (one machine); "
                         f"use ranks")
-    ranks = _positive_int("ranks", spec.get("default_ranks", 4) if ranks is None else ranks,
+    ranks = check_positive_int("ranks", spec.get("default_ranks", 4) if ranks is None else ranks,
                           name)
     cores = os.cpu_count() or 1
     over = max(1.0, ranks / cores)
@@ -231,13 +396,21 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
         g.add_edge(("cpu", 0, r), ("loopback", 0),
                    bandwidth_Bps=spec["p2p"]["bandwidth_Bps"] / bw_scale,
                    latency_s=spec["p2p"]["latency_s"] * lat_scale / 2)
-    return Cluster(name=name, graph=g, device=profile or load_device(spec["device"]),
+    # the newest `meshplan calibrate` profile ($MESHPLAN_PROFILE_DIR or runs/profiles), if any
+    from simulator.calibrate import load_newest_profile
+
+    calibrated = load_newest_profile()
+    source = f"{spec['source']}; {ranks} ranks on {cores} cores"
+    if calibrated is not None:
+        source = f"calibrated profile {calibrated.name}; {ranks} ranks on {cores} cores"
+    return Cluster(name=name, graph=g, device=profile or (calibrated.device if calibrated
+                                                          else load_device(spec["device"])),
                    num_nodes=1, devices_per_node=ranks,
                    default_dtype=spec.get("default_dtype", "fp32"),
                    compute_share=min(1.0, cores / ranks),
                    collective_latency_s=spec["collective"]["latency_s"] * lat_scale,
                    collective_bandwidth_Bps=spec["collective"]["bandwidth_Bps"] / bw_scale,
-                   source=f"{spec['source']}; {ranks} ranks on {cores} cores")
+                   source=source, cpu_costs=calibrated)
 
 
 def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None = None,
@@ -245,13 +418,14 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
     """A cluster preset by name (see `cluster_names`) or a cluster YAML file by path.
 
     Args:
-        name_or_path: 'dgx-a100', 'dgx-h100', 'localhost-cpu', or a YAML file with one preset
-            entry's fields (``kind: gpu`` or ``kind: localhost``).
-        nodes: servers of a GPU cluster (default from the preset, 1).
+        name_or_path: a preset ('dgx-a100', 'dgx-h100', ..., 'localhost-cpu') or a YAML file
+            in the format of docs/clusters.md (``kind: gpu`` or ``kind: localhost``).
+        nodes: servers of a GPU cluster (default: the file's ``nodes``, else 1).
         ranks: processes of localhost-cpu (default 4); each gets min(1, cores/ranks) of a core.
         profile: device profile to use instead of the preset's (e.g. a measured CPU profile).
     Raises:
-        PlanError: unknown name or file, bad ``nodes`` / ``ranks``, or an invalid file.
+        PlanError: unknown name or file, bad ``nodes`` / ``ranks``, or an invalid file (the
+            message names the field and the allowed values).
     """
     presets = _cluster_presets()
     if name_or_path in presets:
@@ -261,7 +435,11 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
         if not path.is_file():
             raise PlanError(f"cluster={name_or_path!r} is neither a preset ({cluster_names()}) "
                             f"nor an existing YAML file")
-        name, spec = path.stem, yaml.safe_load(path.read_text(encoding="utf-8"))
+        try:
+            name, spec = path.stem, yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise PlanError(f"cluster file {name_or_path!r} is not valid YAML: "
+                            f"{str(exc).splitlines()[0]}") from None
     kind = spec.get("kind") if isinstance(spec, dict) else None
     builders = {"gpu": _gpu_cluster, "localhost": _localhost_cluster}
     if kind not in builders:
@@ -270,3 +448,5 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
         return builders[kind](name, spec, nodes, ranks, profile)
     except KeyError as exc:
         raise PlanError(f"cluster {name!r} is missing field {exc}") from None
+    except TypeError as exc:
+        raise PlanError(f"cluster {name!r} has a field of the wrong type: {exc}") from None

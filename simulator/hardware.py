@@ -29,6 +29,7 @@ class DeviceProfile:
         memory_bandwidth_Bps: peak memory bandwidth in bytes/s.
         matmul_efficiency: achieved fraction of peak FLOP/s for large GEMMs (0, 1].
         memory_efficiency: achieved fraction of memory bandwidth for streaming kernels (0, 1].
+        nvlink_bandwidth_Bps: NVLink bandwidth per GPU per direction; None without NVLink.
         source: where the numbers come from.
     """
 
@@ -38,6 +39,7 @@ class DeviceProfile:
     memory_bandwidth_Bps: float
     matmul_efficiency: float
     memory_efficiency: float
+    nvlink_bandwidth_Bps: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -50,6 +52,11 @@ class DeviceProfile:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise PlanError(f"{name}={value!r} must be a number (write 1.0e+9, not 1.0e9, "
                                 f"in YAML)")
+        nvlink = self.nvlink_bandwidth_Bps
+        if nvlink is not None and (isinstance(nvlink, bool) or not isinstance(nvlink, (int, float))
+                                   or nvlink <= 0):
+            raise PlanError(f"nvlink_bandwidth_Bps={nvlink!r} must be a positive number or "
+                            f"absent")
         for name in ("memory_bytes", "memory_bandwidth_Bps"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name}={getattr(self, name)!r} must be > 0")

@@ -15,18 +15,18 @@ def test_ring_allreduce_on_uniform_ring_by_hand():
 
 def test_intra_node_allreduce_uses_nvswitch_bandwidth():
     # DGX H100: 8 GPUs on NVSwitch at 450 GB/s per direction (datasheet), 1 µs per ring step.
-    cluster = load_cluster("dgx-h100", nodes=1)
-    got = collective_time_s(cluster, "all_reduce", 1e9, list(range(8)))
+    cluster = load_cluster("dgx-h100", nodes=1).ideal()
+    got = collective_time_s(cluster, "all_reduce", 1e9, list(range(8)), algorithm="ring")
     assert got == pytest.approx(2 * 7 / 8 * 1e9 / 450e9 + 14 * 1e-6, rel=1e-9)
 
 
 def test_one_gpu_per_node_ring_uses_nic_bandwidth():
     # DP group of tp8 plans: one GPU per node, ring over 50 GB/s NDR NICs (datasheet).
-    cluster = load_cluster("dgx-h100", nodes=4)
+    cluster = load_cluster("dgx-h100", nodes=4).ideal()
     plan = Plan(tp=8, pp=1, dp=4, micro_batch=1, global_batch=4)
     group = group_devices(plan, "dp")
     assert list(group) == [0, 8, 16, 24]
-    got = collective_time_s(cluster, "all_reduce", 1e9, group)
+    got = collective_time_s(cluster, "all_reduce", 1e9, group, algorithm="ring")
     link = cluster.link(0, 8)
     assert link.bandwidth_Bps == 50e9
     assert got == pytest.approx(ring_allreduce_time_s(1e9, 4, 50e9, link.latency_s), rel=1e-9)
@@ -42,8 +42,8 @@ def test_hierarchical_allreduce_beats_flat_nic_ring():
 
 def test_unknown_collective_kind_is_rejected():
     cluster = load_cluster("dgx-a100")
-    with pytest.raises(ValueError, match="kind='broadcast' is not one of"):
-        collective_time_s(cluster, "broadcast", 1.0, [0, 1])
+    with pytest.raises(ValueError, match="kind='gossip' is not one of"):
+        collective_time_s(cluster, "gossip", 1.0, [0, 1])
 
 
 def test_oversubscribed_spine_slows_cross_leaf_rings_only(tmp_path):
@@ -54,7 +54,8 @@ def test_oversubscribed_spine_slows_cross_leaf_rings_only(tmp_path):
     spec["fabric"]["oversubscription"] = 2.0
     path = tmp_path / "h100-2to1.yaml"
     path.write_text(yaml.safe_dump(spec))
-    blocking, full = load_cluster(str(path), nodes=64), load_cluster("dgx-h100", nodes=64)
+    blocking = load_cluster(str(path), nodes=64).ideal()
+    full = load_cluster("dgx-h100", nodes=64).ideal()
     in_leaf, across = [0, 8, 16, 24], [0, 8 * 32]
     for group, ratio in ((in_leaf, 1.0), (across, 2.0)):
         slow = collective_time_s(blocking, "all_reduce", 1e9, group)

@@ -1,0 +1,192 @@
+"""`meshplan topo` (cluster summary, drawing, placement report) and `meshplan collective`
+(the simulated counterpart of nccl-tests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pandas as pd
+from rich.console import Console
+
+from apps.format import print_table
+from planner.spec import PlanError
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+#: Accepted spellings of each collective (nccl-tests names included).
+OP_ALIASES = {"all_reduce": ("allreduce", "all-reduce", "all_reduce"),
+              "reduce_scatter": ("reducescatter", "reduce-scatter", "reduce_scatter"),
+              "all_gather": ("allgather", "all-gather", "all_gather"),
+              "all_to_all": ("alltoall", "all-to-all", "all_to_all"),
+              "broadcast": ("broadcast", "bcast"),
+              "send_recv": ("sendrecv", "send-recv", "send_recv", "p2p")}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``'64M'`` (binary units, as nccl-tests reads them: K=2^10, M=2^20, G=2^30).
+
+    >>> parse_size("1M"), parse_size("1G"), parse_size("4096")
+    (1048576, 1073741824, 4096)
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise PlanError(f"size={text!r} is not a positive size like 1M, 64M, 1G or 4096")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def parse_op(text: str) -> str:
+    """The canonical collective name of ``text`` ('allreduce' -> 'all_reduce')."""
+    for name, aliases in OP_ALIASES.items():
+        if text.lower() in aliases:
+            return name
+    raise PlanError(f"collective {text!r} is not one of {list(OP_ALIASES)}")
+
+
+def _fmt_bw(x: float) -> str:
+    return f"{x / 1e9:.2f}"
+
+
+def _fmt_size(x: float) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if x >= scale:
+            return f"{x / scale:g}{unit}"
+    return f"{x:g}"
+
+
+def _load(args: argparse.Namespace, ranks: int | None):
+    from simulator.cluster import load_cluster
+    return load_cluster(args.cluster, nodes=args.nodes, ranks=ranks)
+
+
+def collective_rows(cluster, op: str, sizes: list[int], ranks: int | None,
+                    algorithm: str = "auto", concurrent: bool = False) -> list[dict]:
+    """One nccl-tests-style row per size: time_s, algbw_Bps, busbw_Bps, algorithm."""
+    from simulator.collectives import collective_cost
+    n = cluster.num_devices if ranks is None else ranks
+    if not 1 <= n <= cluster.num_devices:
+        raise PlanError(f"ranks={n} must be in [1, {cluster.num_devices}] for cluster "
+                        f"{cluster.name!r} ({cluster.num_nodes} nodes x "
+                        f"{cluster.devices_per_node})")
+    if op == "send_recv":
+        devices = [0, max(1, n - 1)] if cluster.num_devices > 1 else [0]
+        if len(devices) < 2 or devices[1] >= cluster.num_devices:
+            raise PlanError("send_recv needs a cluster of at least 2 devices")
+    else:
+        devices = range(n)
+    rows = []
+    for size in sizes:
+        c = collective_cost(cluster, op, size, devices, concurrent=concurrent,
+                            algorithm=algorithm)
+        rows.append({"size_bytes": size, "time_s": c.time_s, "algbw_Bps": c.algbw_Bps,
+                     "busbw_Bps": c.busbw_Bps, "algorithm": c.algorithm,
+                     "protocol": c.protocol})
+    return rows
+
+
+def cmd_collective(args: argparse.Namespace) -> int:
+    op = parse_op(args.op)
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if not sizes:
+        raise PlanError(f"--sizes {args.sizes!r} lists no size; use e.g. 1M,64M,1G")
+    local = args.cluster == "localhost-cpu"
+    cluster = _load(args, args.ranks if local else None)
+    rows = collective_rows(cluster, op, sizes, None if local else args.ranks,
+                           algorithm=args.algorithm, concurrent=args.concurrent)
+    if args.json:
+        print(json.dumps({"op": op, "cluster": cluster.name, "rows": rows}))
+        return 0
+    n = 2 if op == "send_recv" else (args.ranks or cluster.num_devices)
+    Console().print(f"[bold]{op}[/] on {n} ranks of [bold]{cluster.name}[/] "
+                    f"({cluster.num_devices} x {cluster.device.name}); busbw as nccl-tests "
+                    f"defines it")
+    print_table(Console(), pd.DataFrame(rows), "simulated nccl-tests",
+                {"size_bytes": ("size", _fmt_size), "time_s": ("time us",
+                                                              lambda t: f"{t * 1e6:.1f}"),
+                 "algbw_Bps": ("algbw GB/s", _fmt_bw), "busbw_Bps": ("busbw GB/s", _fmt_bw),
+                 "algorithm": ("algorithm", None), "protocol": ("protocol", None)})
+    return 0
+
+
+def cmd_topo(args: argparse.Namespace) -> int:
+    from simulator.topology import draw_png, summary
+    cluster = _load(args, args.ranks)
+    info = summary(cluster)
+    out: dict = {"cluster": info}
+    if args.plan:
+        from planner.planfile import read_plan_file
+        from simulator.placement import placement_report
+        plan = read_plan_file(args.plan).plan
+        out["placement"] = {"plan": plan.id, "order": list(plan.placement),
+                            "groups": [g.to_dict() for g in placement_report(plan, cluster)]}
+    if args.png:
+        out["png"] = draw_png(cluster, args.png, max_nodes=args.draw_nodes)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    console = Console()
+    where = f"{info['nodes']} {info['node_type']} node(s)" if info["node_type"] else "one machine"
+    console.print(f"[bold]{info['name']}[/]: {info['devices']} x {info['device']} on {where}",
+                  highlight=False)
+    intra = info["intra"] + (f", {info['intra_bandwidth_Bps'] / 1e9:g} GB/s per GPU"
+                             if info["intra_bandwidth_Bps"] and info["nics_per_node"] else "")
+    lines = [("intra-node", intra + (", in-switch reduction"
+                                     if info["in_switch_reduction"] else ""))]
+    if info["nics_per_node"]:
+        lines += [("NICs", f"{info['nics_per_node']} per node x "
+                   f"{info['nic_bandwidth_Bps'] * 8 / 1e9:g} Gb/s {info['transport']}"),
+                  ("fabric", f"{info['topology']}, {info['tiers']} tier(s), radix "
+                   f"{info['switch_radix']}, {info['nodes_per_leaf']} nodes per leaf, "
+                   f"oversubscription {info['oversubscription']:g}:1")]
+    lines += [("switches", ", ".join(f"{v} {k}" for k, v in info["switches"].items())),
+              ("links", f"{info['links']}"),
+              ("bisection", f"{info['bisection_bandwidth_Bps'] / 1e9:,.1f} GB/s per "
+                            f"direction")]
+    for key, value in lines:
+        console.print(f"  {key:<11} {value}", highlight=False)
+    if args.plan:
+        place = out["placement"]
+        console.print(f"placement of {place['plan']} (innermost first: "
+                      f"{', '.join(place['order'])})")
+        df = pd.DataFrame(place["groups"])
+        print_table(console, df, "groups per mesh axis",
+                    {"axis": ("axis", None), "size": ("size", None),
+                     "groups": ("groups", None), "stride": ("device stride", None),
+                     "crossing_node": ("cross nodes", None), "max_nodes": ("max nodes", None),
+                     "crossing_leaf": ("cross leaves", None)})
+    if args.png:
+        console.print(f"wrote {args.png}")
+    return 0
+
+
+def add_topo_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `meshplan topo`."""
+    st = sub.add_parser("topo", help="summarise and draw a cluster (devices, links, bisection)")
+    st.add_argument("cluster", help="preset (dgx-a100, dgx-h100, dgx-h200, dgx-b200, pcie-a100,"
+                    " ...) or a cluster YAML file (docs/clusters.md)")
+    st.add_argument("--nodes", type=int, help="node count (default: the cluster's)")
+    st.add_argument("--ranks", type=int, help="processes on localhost-cpu")
+    st.add_argument("--png", help="draw the topology to this PNG file")
+    st.add_argument("--draw-nodes", type=int, default=8, help="servers drawn (default 8)")
+    st.add_argument("--plan", help="plan file: report which tp/dp/pp groups cross nodes")
+    st.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    st.set_defaults(func=cmd_topo)
+
+
+def add_collective_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `meshplan collective`."""
+    sc = sub.add_parser("collective", help="simulated nccl-tests: time, algbw, busbw per size")
+    sc.add_argument("op", help="all_reduce, reduce_scatter, all_gather, all_to_all, broadcast "
+                    "or send_recv (nccl-tests spellings such as allreduce work too)")
+    sc.add_argument("--cluster", required=True, help="preset or cluster YAML file")
+    sc.add_argument("--nodes", type=int, help="node count (default: the cluster's)")
+    sc.add_argument("--ranks", type=int, help="ranks in the group (default: every device; "
+                    "send_recv goes from device 0 to device ranks-1)")
+    sc.add_argument("--sizes", default="1M,64M,1G", help="comma-separated sizes, binary units "
+                    "(default 1M,64M,1G)")
+    sc.add_argument("--algorithm", default="auto", help="auto (fastest, as NCCL picks), ring, "
+                    "tree, hierarchical, nvls, pairwise or p2p")
+    sc.add_argument("--concurrent", action="store_true", help="every same-shaped group of "
+                    "the cluster runs at once (shares NICs and uplinks)")
+    sc.add_argument("--json", action="store_true", help="print {\"rows\": [...]} on stdout")
+    sc.set_defaults(func=cmd_collective)

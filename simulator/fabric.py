@@ -1,0 +1,189 @@
+"""Fabric shape and the NetworkX graph of a GPU cluster: leaves, spines and cores sized from
+the switch radix, tiers and oversubscription of a cluster file (docs/clusters.md).
+
+A leaf has ``d`` ports down and ``radix - d`` up, ``d / (radix - d)`` = oversubscription
+(unless the file fixes ``nodes_per_leaf``). A rail-optimised leaf takes NIC i of every node in
+its scalable unit (SU); a plain fat-tree leaf takes all NICs of its nodes. Three tiers group
+SUs into pods under radix/2-port spine layers, joined by a core layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from planner.spec import PlanError
+
+TOPOLOGIES = ("rail-optimized", "fat-tree")
+INTRA_KINDS = ("nvswitch", "pcie")
+
+
+def check_positive_int(name: str, value: object, cluster: str) -> int:
+    """``value`` if it is an int >= 1, else a `PlanError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{name}={value!r} must be a positive integer for cluster {cluster!r}")
+    return value
+
+
+def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = False) -> float:
+    """``value`` as a float if it is a number > 0 (>= 0 with ``zero_ok``), else a `PlanError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or (value == 0 and not zero_ok):
+        raise PlanError(f"{name}={value!r} must be a number {'>= 0' if zero_ok else '> 0'} "
+                        f"for cluster {cluster!r} (write 25.0e+9, not 25e9, in YAML)")
+    return float(value)
+
+
+def mapping_field(spec: dict, key: str, cluster: str) -> dict:
+    """Section ``key`` of ``spec`` ({} when absent); a `PlanError` if it is not a mapping."""
+    value = spec.get(key, {})
+    if not isinstance(value, dict):
+        raise PlanError(f"cluster {cluster!r}: field {key!r} must be a mapping, got {value!r}")
+    return value
+
+
+def require_field(section: dict, key: str, where: str, cluster: str) -> object:
+    """``section[key]``, or a `PlanError` naming the missing field ``where + key``."""
+    if key not in section:
+        raise PlanError(f"cluster {cluster!r} is missing field {where}{key}")
+    return section[key]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fabric:
+    """The resolved fabric of one cluster: counts, bandwidths (B/s) and latencies (s)."""
+
+    nodes: int
+    per_node: int
+    nics: int
+    nic_bw: float
+    topology: str
+    tiers: int
+    radix: int
+    nodes_per_leaf: int
+    nodes_per_pod: int
+    spines: int
+    oversubscription: float
+    leaf_uplink_Bps: float
+    pod_uplink_Bps: float
+    nic_lat: float
+    sw_lat: float
+
+
+def fabric_layout(name: str, fab: dict, nodes: int, per_node: int, nics: int,
+                  nic_bw: float, transport: dict) -> Fabric:
+    """Resolve the ``fabric`` section of cluster ``name`` for ``nodes`` servers.
+
+    Raises:
+        PlanError: a missing or bad field (named, with the allowed values).
+    """
+    # Ports of a leaf: d down, radix - d up; d/(radix - d) = oversubscription unless the file
+    # fixes nodes_per_leaf. A rail-optimised leaf takes one NIC of each node in its SU.
+    topology = fab.get("topology", "fat-tree")
+    if topology not in TOPOLOGIES:
+        raise PlanError(f"cluster {name!r}: fabric.topology={topology!r} is not one of "
+                        f"{list(TOPOLOGIES)}")
+    over = check_positive("fabric.oversubscription", fab.get("oversubscription", 1.0), name)
+    if over < 1:
+        raise PlanError(f"cluster {name!r}: fabric.oversubscription={over!r} must be >= 1 "
+                        f"(downlink / uplink bandwidth of a leaf)")
+    radix = check_positive_int("fabric.switch_radix", require_field(fab, "switch_radix", "fabric.", name),
+                          name)
+    ports_per_node = 1 if topology == "rail-optimized" else nics
+    if "nodes_per_leaf" in fab:
+        per_leaf = check_positive_int("fabric.nodes_per_leaf", fab["nodes_per_leaf"], name)
+    else:
+        per_leaf = int(radix * over / (1 + over)) // ports_per_node
+        if per_leaf < 1:
+            raise PlanError(f"cluster {name!r}: fabric.switch_radix={radix} leaves no leaf port "
+                            f"for a node's {ports_per_node} NICs; use switch_radix >= "
+                            f"{2 * ports_per_node}")
+    leaf_up = per_leaf * ports_per_node * nic_bw / over
+    sus = math.ceil(nodes / per_leaf)
+    leaves = sus * (nics if topology == "rail-optimized" else 1)
+    auto = 1 if sus == 1 else (2 if leaves <= radix else 3)
+    tiers = fab.get("tiers", auto)
+    if tiers not in (1, 2, 3):
+        raise PlanError(f"cluster {name!r}: fabric.tiers={tiers!r} is not one of [1, 2, 3]")
+    if tiers < auto:
+        need = "one leaf per rail" if auto == 2 else f"{radix} leaves per spine layer"
+        raise PlanError(f"cluster {name!r}: nodes={nodes} needs {sus} scalable units of "
+                        f"{per_leaf} nodes ({leaves} leaves) but fabric.tiers={tiers} allows "
+                        f"{need}; use tiers: {auto}")
+    spines = check_positive_int("fabric.spines", fab.get("spines", max(1, radix - per_leaf
+                                                               * ports_per_node)), name)
+    per_pod, pod_up = nodes, math.inf
+    if tiers == 3:
+        # A pod: the leaves under one spine layer of radix/2 down ports (per rail).
+        sus_per_pod = max(1, (radix // 2) // (nics if topology == "rail-optimized" else 1))
+        per_pod = sus_per_pod * per_leaf
+        pods = math.ceil(nodes / per_pod)
+        if pods > radix:
+            raise PlanError(f"cluster {name!r}: nodes={nodes} needs {pods} pods but a 3-tier "
+                            f"fabric of switch_radix={radix} switches holds at most {radix}; "
+                            f"use a larger switch_radix")
+        pod_up = sus_per_pod * leaf_up
+    return Fabric(nodes=nodes, per_node=per_node, nics=nics, nic_bw=nic_bw,
+                   topology=topology, tiers=tiers, radix=radix, nodes_per_leaf=per_leaf,
+                   nodes_per_pod=per_pod if tiers == 3 else 0, spines=spines,
+                   oversubscription=over, leaf_uplink_Bps=leaf_up, pod_uplink_Bps=pod_up,
+                   nic_lat=float(transport["nic_latency_s"]),
+                   sw_lat=float(fab.get("switch_latency_s", transport["switch_latency_s"])))
+
+
+def _add_intra(g: nx.Graph, n: int, per_node: int, intra: dict) -> None:
+    bw, lat = float(intra["bandwidth_Bps"]), float(intra["latency_s"])
+    if intra["kind"] == "nvswitch":
+        # NVSwitch latency splits over the two hops GPU->switch->GPU.
+        g.add_edges_from((("gpu", n, i), ("nvswitch", n),
+                           {"bandwidth_Bps": bw, "latency_s": lat / 2})
+                          for i in range(per_node))
+        return
+    per_sw = intra.get("gpus_per_switch", per_node)
+    for i in range(per_node):
+        g.add_edge(("gpu", n, i), ("pcie", n, i // per_sw), bandwidth_Bps=bw,
+                   latency_s=lat / 4)
+    for s in range(math.ceil(per_node / per_sw)):
+        g.add_edge(("pcie", n, s), ("host", n), bandwidth_Bps=bw, latency_s=lat / 4)
+
+
+def build_gpu_graph(fab: Fabric, intra: dict) -> nx.Graph:
+    """Devices, node switches, NICs, leaves, spines and cores as one NetworkX graph.
+
+    Leaf-to-spine links carry ``leaf_uplink / spines`` each (so a leaf's uplinks total its
+    downlinks / oversubscription); spine-to-core links split a pod's uplink over
+    ``spines x spines`` links (one core layer, non-blocking above the leaves).
+    """
+    g = nx.Graph()
+    rail = fab.topology == "rail-optimized"
+    nic_attrs = {"bandwidth_Bps": fab.nic_bw, "latency_s": fab.nic_lat}
+    up_attrs = {"bandwidth_Bps": fab.nic_bw, "latency_s": fab.sw_lat}
+    for n in range(fab.nodes):
+        _add_intra(g, n, fab.per_node, intra)
+        su = n // fab.nodes_per_leaf
+        for i in range(fab.per_node):
+            nic = i * fab.nics // fab.per_node
+            g.add_edge(("gpu", n, i), ("nic", n, nic), **nic_attrs)
+        g.add_edges_from((("nic", n, r), ("leaf", su, r if rail else 0), up_attrs)
+                          for r in range(fab.nics))
+    if fab.tiers == 1:
+        return g
+    sus = math.ceil(fab.nodes / fab.nodes_per_leaf)
+    rails = fab.nics if rail else 1
+    per_pod = fab.nodes_per_pod or fab.nodes
+    spine_bw = fab.leaf_uplink_Bps / fab.spines
+    for su in range(sus):
+        pod = su * fab.nodes_per_leaf // per_pod
+        g.add_edges_from((("leaf", su, r), ("spine", pod, s),
+                           {"bandwidth_Bps": spine_bw, "latency_s": fab.sw_lat})
+                          for r in range(rails) for s in range(fab.spines))
+    if fab.tiers == 3:
+        pods = math.ceil(fab.nodes / per_pod)
+        core_bw = fab.pod_uplink_Bps * rails / fab.spines ** 2
+        g.add_edges_from((("spine", p, s), ("core", c),
+                           {"bandwidth_Bps": core_bw, "latency_s": fab.sw_lat})
+                          for p in range(pods) for s in range(fab.spines)
+                          for c in range(fab.spines))
+    return g

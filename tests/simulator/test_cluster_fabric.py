@@ -1,0 +1,144 @@
+"""Node types, fabrics and user cluster files: what they build and how bad input is told."""
+
+import math
+import time
+
+import networkx as nx
+import pytest
+import yaml
+
+from planner.spec import PlanError
+from simulator.cluster import load_cluster, node_type_names
+from simulator.hardware import load_device
+from simulator.topology import bisection_bandwidth_Bps, draw_png, summary
+
+
+def _write(tmp_path, spec: dict, name: str = "mine"):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+USER = {"kind": "gpu", "node_type": "dgx-h100", "nodes": 64,
+        "nic": {"per_node": 8, "speed_Gbps": 400},
+        "fabric": {"topology": "fat-tree", "switch_radix": 64, "oversubscription": 3.0}}
+
+
+def test_datasheet_numbers_of_new_devices():
+    # H200 datasheet: 141 GB HBM3e at 4.8 TB/s, same FLOP/s as H100 SXM; DGX B200: 8 TB/s.
+    h200, h100 = load_device("h200-sxm-141gb"), load_device("h100-sxm-80gb")
+    assert (h200.memory_bytes, h200.memory_bandwidth_Bps) == (141e9, 4.8e12)
+    assert h200.peak_flops == h100.peak_flops and h200.peak("fp8") == 1979e12
+    assert load_device("a100-sxm-40gb").memory_bandwidth_Bps == 1.555e12
+    assert load_device("b200-sxm-180gb").peak("bf16") == 2.25e15
+    assert load_device("a100-pcie-80gb").nvlink_bandwidth_Bps is None
+
+
+@pytest.mark.parametrize("node_type", node_type_names())
+def test_every_node_type_builds_two_nodes(tmp_path, node_type):
+    spec = {"kind": "gpu", "node_type": node_type, "nodes": 2,
+            "fabric": {"switch_radix": 64}}
+    cluster = load_cluster(_write(tmp_path, spec))
+    assert cluster.num_devices == 16 and nx.is_connected(cluster.graph)
+    assert cluster.link(0, 8).hops >= 4
+
+
+def test_user_file_fields_are_applied(tmp_path):
+    cluster = load_cluster(_write(tmp_path, USER))
+    assert cluster.nic_bandwidth_Bps == 50e9 and cluster.topology == "fat-tree"
+    # radix 64 at 3:1: 48 ports down = 6 nodes of 8 NICs per leaf, 16 up.
+    assert cluster.nodes_per_leaf == 6 and cluster.tiers == 2
+    assert cluster.leaf_uplink_Bps == pytest.approx(6 * 8 * 50e9 / 3)
+    assert load_cluster(_write(tmp_path, USER), nodes=4).num_nodes == 4
+
+
+def test_roce_costs_more_latency_than_infiniband():
+    ib, roce = load_cluster("dgx-h100", nodes=64), load_cluster("dgx-h100-roce", nodes=64)
+    assert roce.link(0, 8 * 40).latency_s > ib.link(0, 8 * 40).latency_s
+    assert roce.link(0, 8).bandwidth_Bps == ib.link(0, 8).bandwidth_Bps
+
+
+def test_three_tiers_for_16384_gpus_build_fast():
+    start = time.perf_counter()
+    cluster = load_cluster("dgx-h100", nodes=2048)
+    assert time.perf_counter() - start < 1.0
+    assert cluster.tiers == 3 and summary(cluster)["switches"]["core"] > 0
+    # GPU -> NIC -> leaf -> spine -> core -> spine -> leaf -> NIC -> GPU
+    assert cluster.link(0, 16383 - 7).hops == 8
+
+
+@pytest.mark.parametrize("name,nodes", [("dgx-h100", 4), ("pcie-a100", 2)])
+def test_bisection_matches_networkx_max_flow(tmp_path, name, nodes):
+    # The closed form equals the max flow from the first half of the GPUs to the second.
+    spec = {"kind": "gpu", "node_type": "dgx-h100", "nodes": nodes,
+            "fabric": {"topology": "rail-optimized", "switch_radix": 64, "nodes_per_leaf": 2,
+                       "oversubscription": 2.0}}
+    cluster = load_cluster(_write(tmp_path, spec)) if name == "dgx-h100" \
+        else load_cluster(name, nodes=nodes)
+    g = nx.DiGraph()
+    for a, b, d in cluster.graph.edges(data=True):
+        g.add_edge(a, b, capacity=d["bandwidth_Bps"])
+        g.add_edge(b, a, capacity=d["bandwidth_Bps"])
+    half = cluster.num_nodes // 2
+    for v in cluster.graph:
+        if v[0] == "gpu":
+            g.add_edge("S", v, capacity=math.inf) if v[1] < half else \
+                g.add_edge(v, "T", capacity=math.inf)
+    assert bisection_bandwidth_Bps(cluster) == pytest.approx(
+        nx.maximum_flow_value(g, "S", "T"))
+
+
+def test_png_is_drawn(tmp_path):
+    path = draw_png(load_cluster("dgx-h100", nodes=64), str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 10_000 and path.endswith(".png")
+
+
+@pytest.mark.parametrize("drop,match", [
+    ("node_type", r"missing field node_type"),
+    ("fabric.switch_radix", r"missing field fabric.switch_radix"),
+])
+def test_missing_field_is_named(tmp_path, drop, match):
+    spec = yaml.safe_load(yaml.safe_dump(USER))
+    section, _, key = drop.rpartition(".")
+    del (spec[section] if section else spec)[key]
+    with pytest.raises(PlanError, match=match):
+        load_cluster(_write(tmp_path, spec))
+
+
+@pytest.mark.parametrize("value", [0, -25.0e9, "fast"])
+def test_bad_bandwidth_is_named(tmp_path, value):
+    spec = {**USER, "nic": {"bandwidth_Bps": value}}
+    with pytest.raises(PlanError, match=rf"nic.bandwidth_Bps={value!r} must be a number > 0"):
+        load_cluster(_write(tmp_path, spec))
+
+
+@pytest.mark.parametrize("patch,match", [
+    ({"node_type": "dgx-z9"}, r"node_type='dgx-z9' is not one of \['dgx-a100', 'dgx-b200'"),
+    ({"nic": {"transport": "ethernet"}}, r"nic.transport='ethernet' is not one of "
+                                         r"\['infiniband', 'roce'\]"),
+    ({"fabric": {"topology": "torus", "switch_radix": 64}},
+     r"fabric.topology='torus' is not one of \['rail-optimized', 'fat-tree'\]"),
+    ({"fabric": {"switch_radix": 64, "tiers": 1}}, r"fabric.tiers=1 allows one leaf per rail"),
+    ({"fabric": {"switch_radix": 64, "oversubscription": 0.5}}, r"oversubscription=0.5 must "
+                                                                r"be >= 1"),
+    ({"intra": {"bandwidth_Bps": -1.0}}, r"intra.bandwidth_Bps=-1.0 must be a number > 0"),
+])
+def test_bad_values_name_the_allowed_ones(tmp_path, patch, match):
+    with pytest.raises(PlanError, match=match):
+        load_cluster(_write(tmp_path, {**USER, **patch}))
+
+
+def test_bad_yaml_is_a_plan_error(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("kind: gpu\nnode_type: [dgx-h100\n")
+    with pytest.raises(PlanError, match="is not valid YAML"):
+        load_cluster(str(path))
+
+
+@pytest.mark.parametrize("module", ["simulator.fabric", "simulator.topology",
+                                    "simulator.placement", "simulator.collectives",
+                                    "apps.cmd_topo"])
+def test_doctest_examples_pass(module):
+    import doctest
+    import importlib
+    assert doctest.testmod(importlib.import_module(module)).failed == 0
