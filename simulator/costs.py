@@ -1,13 +1,14 @@
 """Per-stage costs of one micro-batch: compute, TP collectives, P2P, DP and optimizer times.
 
-FLOPs: every GEMM is 2·m·n·k; the forward of one layer on T = b·s tokens is
-``2·T·(layer matmul params)/tp + 4·T·s·h/tp`` (QKᵀ and AV over the full score matrix, as PaLM
-appendix B and Megatron eq. 3 count it), the backward is twice the forward (Narayanan et al.
-2021, §3.1). Memory-bound ops (norms, residual adds, activation function; attention is taken as
-fused, FlashAttention-style) cost bytes / (bandwidth · memory_efficiency). TP: two all-reduces
-of the T·h activation per layer in forward and two in backward (Shoeybi et al. 2019, §3); with
-sequence parallelism they become all-gather + reduce-scatter pairs of the same ring cost
-(Korthikanti et al. 2022, §4.2.2).
+Compute comes op by op from `simulator.compute` (GEMMs at a shape-dependent efficiency,
+memory-bound ops at achievable bandwidth, host launch time). TP: two all-reduces of the T·h
+activation per layer in forward and two in backward (Shoeybi et al. 2019, §3); with sequence
+parallelism each becomes a reduce-scatter + all-gather pair (Korthikanti et al. 2022, §4.2.2).
+Full recomputation repeats the forward, its TP collectives included, before the backward;
+selective repeats the attention core only (Korthikanti et al. 2022, §5). ZeRO-3 / FSDP gathers
+each layer's weights before its forward and again before its backward and reduce-scatters its
+gradients after, every micro-batch, overlapped with the layer's compute (Rajbhandari et al.
+2020, §5.3; PyTorch FSDP prefetching).
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from simulator.collectives import (
     mesh_strides,
     p2p_time_on_cluster_s,
 )
+from simulator.compute import (
+    Attention,
+    Efficiency,
+    LayerCompute,
+    edge_compute,
+    layer_compute,
+    load_efficiency,
+)
 from simulator.memory import optimizer_bytes_per_param, stage_params
 
 
@@ -34,7 +43,7 @@ class StageCosts:
     forward); p2p_fwd_s sends the activation to the next stage, p2p_bwd_s the gradient to the
     previous one. Once per step: dp_comm_s reduces the gradients (all-reduce, or
     reduce-scatter under ZeRO) in ``dp_buckets`` equal buckets, optimizer_s updates the
-    weights, dp_gather_s all-gathers updated weight shards (ZeRO >= 1).
+    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2).
     """
 
     fwd_compute_s: float
@@ -49,6 +58,51 @@ class StageCosts:
     optimizer_s: float = 0.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class SimOptions:
+    """Framework behaviour a plan does not name (defaults: Megatron-LM-like).
+
+    Attributes:
+        attention: 'flash' (fused, causal) or 'unfused' (QKᵀ, softmax, dropout, AV kernels).
+        tp_comm_overlap: TP collectives run beside the GEMMs (Megatron-Core --tp-comm-overlap);
+            only the part longer than the layer's compute is exposed.
+        grad_reduce_bytes: bytes per gradient element in the DP reduction; None: 4 for bf16
+            (Megatron accumulates and reduces bf16 gradients in fp32), else the dtype's.
+        dp_bucket_bytes: gradient bucket size for overlapped reduction; None: one bucket per
+            stage (no bucketing).
+        blocking_p2p: pipeline sends and receives block the compute stream (Megatron-LM's
+            synchronous ``send_forward_recv_backward``), so P2P time adds to the stage.
+        zero3_unaggregated: ZeRO-3 gathers and reduce-scatters push each rank's full
+            (n − 1)/n share through its own NIC, with no node-level aggregation (DeepSpeed
+            ZeRO-3 of 2021, per-parameter collectives over the flat data-parallel group).
+        overlap_param_gather: the all-gather of updated weight shards (ZeRO 1/2) runs under the
+            next step's first forward (Megatron-Core --overlap-param-gather); only the part
+            longer than that forward is exposed.
+        p2p_scatter_gather: each TP rank sends 1/tp of the activation and the next stage
+            all-gathers it over NVLink (Megatron-LM, Narayanan et al. 2021 §4.1); False: every
+            TP rank sends the whole activation (DeepSpeed's pipeline engine).
+        p2p_overhead_s: fixed framework time per pipeline send (schedule bookkeeping and
+            the synchronisation of a blocking send/recv pair), fitted per framework.
+        efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
+    """
+
+    attention: Attention = "flash"
+    tp_comm_overlap: bool = False
+    grad_reduce_bytes: int | None = None
+    dp_bucket_bytes: float | None = 25 * 2**20
+    blocking_p2p: bool = False
+    zero3_unaggregated: bool = False
+    p2p_scatter_gather: bool = True
+    overlap_param_gather: bool = False
+    p2p_overhead_s: float = 0.0
+    efficiency: Efficiency | None = None
+
+
+DEFAULT_OPTIONS = SimOptions()
+#: Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25``.
+DP_BUCKET_BYTES = 25 * 2**20
+
+
 def layer_matmul_params(model: ModelSpec) -> int:
     """Matrix parameters of one block: QKV + output projection + MLP (2 or 3 matrices)."""
     h = model.hidden
@@ -58,20 +112,10 @@ def layer_matmul_params(model: ModelSpec) -> int:
 
 def layer_forward_flops(model: ModelSpec, plan: Plan) -> float:
     """Forward GEMM FLOPs of one layer, one micro-batch, one TP rank:
-    ``2·T·P_layer/tp + 4·T·s·h/tp`` with T = micro_batch·seq_len."""
+    ``2·T·P_layer/tp + 4·T·s·h/tp`` with T = micro_batch·seq_len (full score matrix)."""
     tokens = plan.micro_batch * model.seq_len
     return (2 * tokens * layer_matmul_params(model)
             + 4 * tokens * model.seq_len * model.hidden) / plan.tp
-
-
-def layer_forward_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Forward memory-bound bytes of one layer on one TP rank: two norms (read + write, 4h),
-    two residual adds (2 reads + 1 write, 6h) — sharded over tp only with sequence parallelism —
-    and the activation function (GeLU 2f/tp, SwiGLU 3f/tp), all times T·dtype_bytes."""
-    tokens = plan.micro_batch * model.seq_len
-    replicated = 10 * model.hidden / (plan.tp if plan.sequence_parallel else 1)
-    act = (3 if model.activation == "swiglu" else 2) * model.ffn_hidden / plan.tp
-    return tokens * (replicated + act) * DTYPE_BYTES[plan.dtype]
 
 
 def recompute_flops_per_token(model: ModelSpec, plan: Plan) -> float:
@@ -84,100 +128,185 @@ def recompute_flops_per_token(model: ModelSpec, plan: Plan) -> float:
     return attn_core if plan.recompute == "selective" else 0.0
 
 
-def _rates(cluster: Cluster, plan: Plan) -> tuple[float, float]:
+def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
+    eff = options.efficiency or load_efficiency(cluster.device.name)
+    if eff.host_op_s == 0 and eff.gemm_half_flops == 0 and eff.num_sms == 1:
+        # Generic device (CPU core): the device profile's flat efficiencies.
+        dev = cluster.device
+        eff = Efficiency(gemm_max_fraction=dev.matmul_efficiency, gemm_half_flops=0.0,
+                         num_sms=1, memory_fraction=dev.memory_efficiency, kernel_s=0.0,
+                         host_op_s=0.0, flash_fraction=1.0)
+    return eff
+
+
+def _device(cluster: Cluster):
     dev = cluster.device
-    flops = dev.peak(plan.dtype) * dev.matmul_efficiency * cluster.compute_share
-    bandwidth = dev.memory_bandwidth_Bps * dev.memory_efficiency * cluster.compute_share
-    return flops, bandwidth
+    if cluster.compute_share == 1.0:
+        return dev
+    share = cluster.compute_share
+    return dev.replace(peak_flops={k: v * share for k, v in dev.peak_flops.items()},
+                       memory_bandwidth_Bps=dev.memory_bandwidth_Bps * share)
 
 
-def _edge_compute(model: ModelSpec, plan: Plan, first: bool,
-                  last: bool) -> tuple[float, float]:
-    # (forward GEMM FLOPs, forward bytes) the first / last stage adds: embedding lookup
-    # (read + write T·h), final norm (4·T·h) and logits GEMM 2·T·h·V/tp with an fp32 softmax
-    # cross-entropy (3 passes over T·V/tp).
-    tokens, d = plan.micro_batch * model.seq_len, DTYPE_BYTES[plan.dtype]
-    flops, nbytes = 0.0, 0.0
-    if first:
-        nbytes += 2 * tokens * model.hidden * d
-    if last:
-        flops += 2 * tokens * model.hidden * model.vocab_size / plan.tp
-        nbytes += 4 * tokens * model.hidden * d + 3 * tokens * model.vocab_size / plan.tp * 4
-    return flops, nbytes
+def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> float:
+    # One TP collective pair's worth per layer direction: 2 all-reduces of T·h, or with SP
+    # 2 × (reduce-scatter + all-gather).
+    if plan.tp == 1:
+        return 0.0
+    act = plan.micro_batch * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype]
+    group = group_devices(plan, "tp", stage=rank)
+    if plan.sequence_parallel:
+        one = (collective_time_s(cluster, "reduce_scatter", act, group)
+               + collective_time_s(cluster, "all_gather", act, group))
+    else:
+        one = collective_time_s(cluster, "all_reduce", act, group)
+    return 2 * one
 
 
-#: Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25``.
-DP_BUCKET_BYTES = 25 * 2**20
+def _unaggregated_s(cluster: Cluster, nbytes: float, n: int) -> float:
+    # (n − 1)/n · S through one rank's share of its node's NICs.
+    nic = getattr(cluster, "nic_bandwidth_Bps", 0.0) or 0.0
+    if cluster.num_nodes == 1 or nic <= 0:
+        return 0.0
+    comm = getattr(cluster, "comm", None)
+    nic *= getattr(comm, "nic_efficiency", 1.0)
+    share = nic * cluster.nics_per_node / cluster.devices_per_node
+    return (n - 1) / n * nbytes / share
 
 
-def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster,
-                      stage: int, bandwidth: float) -> dict[str, float]:
-    # Gradients are reduced in the plan dtype. ZeRO: reduce-scatter gradients, all-gather the
-    # updated weights; ZeRO-3 / FSDP gathers the weights for the forward and again for the
-    # backward (Rajbhandari et al. 2020, §5.3), counted here as 2 all-gathers once per step.
+def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
+                      options: SimOptions) -> tuple[float, float]:
+    # (forward, backward) per-layer ZeRO-3 traffic: gather the weights; gather again and
+    # reduce-scatter the gradients.
+    if plan.zero_stage != 3 or plan.dp == 1:
+        return 0.0, 0.0
+    nbytes = model.layer_params() / plan.tp * DTYPE_BYTES[plan.dtype]
+    group = group_devices(plan, "dp", stage=rank)
+    gather = collective_time_s(cluster, "all_gather", nbytes, group)
+    scatter = collective_time_s(cluster, "reduce_scatter", nbytes, group)
+    if options.zero3_unaggregated and plan.dp * plan.tp * plan.pp > cluster.devices_per_node:
+        gather = max(gather, _unaggregated_s(cluster, nbytes, plan.dp))
+        scatter = max(scatter, _unaggregated_s(cluster, nbytes, plan.dp))
+    return gather, gather + scatter
+
+
+def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
+                      bandwidth: float, options: SimOptions) -> dict[str, float]:
+    # ZeRO 1/2 (distributed optimizer): reduce-scatter gradients, all-gather the updated
+    # 16-bit weights. ZeRO-3 reduces per layer (`_zero3_layer_comm`).
     params = stage_params(model, plan, stage)
     d = DTYPE_BYTES[plan.dtype]
-    grads = params * d
+    g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
+    grads = params * g
     group = group_devices(plan, "dp", stage=stage)
     if plan.zero_stage == 0:
         reduce, gather = collective_time_s(cluster, "all_reduce", grads, group), 0.0
+    elif plan.zero_stage == 3:
+        reduce = gather = 0.0
     else:
         reduce = collective_time_s(cluster, "reduce_scatter", grads, group)
-        gather = (2 if plan.zero_stage == 3 else 1) * collective_time_s(
-            cluster, "all_gather", params * d, group)
-    # Adam: read gradients, read/write master weights (16-bit) and both moments, write weights.
-    per_param = d + 2 * optimizer_bytes_per_param(plan.dtype) + (d if d < 4 else 0)
+        gather = collective_time_s(cluster, "all_gather", params * d, group)
+    # Adam: read gradients, read/write master weights and both moments, write weights.
+    per_param = g + 2 * optimizer_bytes_per_param(plan.dtype) + (d if d < 4 else 0)
     shard = plan.dp if plan.zero_stage >= 1 else 1
+    bucket = options.dp_bucket_bytes
     return {"dp_comm_s": reduce, "dp_gather_s": gather,
-            "dp_buckets": max(1, math.ceil(grads / DP_BUCKET_BYTES)),
+            "dp_buckets": max(1, math.ceil(grads / bucket)) if bucket else 1,
             "optimizer_s": params / shard * per_param / bandwidth}
 
 
-def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageCosts]:
+def check_cluster(plan: Plan, cluster: Cluster) -> None:
+    """Raise `PlanError` with the arithmetic when the plan needs more devices than exist."""
+    if plan.world_size > cluster.num_devices:
+        raise PlanError(
+            f"tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.world_size} > "
+            f"devices({cluster.num_devices}) of cluster {cluster.name!r} "
+            f"({cluster.num_nodes} nodes x {cluster.devices_per_node})")
+
+
+def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions,
+                 rank: int, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
+                 host_re: float) -> tuple[float, float, float, float]:
+    # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm) of one micro-batch of a
+    # chunk of ``layers`` blocks on pipeline rank ``rank``.
+    e_fwd, e_bwd, e_host = edge
+    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
+    tp_comm = _tp_layer_comm(model, plan, cluster, rank)
+    z_fwd, z_bwd = _zero3_layer_comm(model, plan, cluster, rank, options)
+    fwd_dev, bwd_dev = lc.fwd_s, lc.bwd_s + recompute
+    fwd_comm = tp_comm
+    bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
+    if options.tp_comm_overlap:
+        fwd_comm, bwd_comm = max(0.0, fwd_comm - fwd_dev), max(0.0, bwd_comm - bwd_dev)
+    # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows. On a
+    # CPU cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
+    if cluster.collective_bandwidth_Bps is None:
+        fwd_comm += max(0.0, z_fwd - fwd_dev - fwd_comm)
+        bwd_comm += max(0.0, z_bwd - bwd_dev - bwd_comm)
+    else:
+        fwd_comm, bwd_comm = fwd_comm + z_fwd, bwd_comm + z_bwd
+    # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
+    # so only device + comm beyond the host time is exposed communication.
+    dev_f, dev_b = layers * fwd_dev + e_fwd, layers * bwd_dev + e_bwd
+    fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
+    bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
+    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd),
+            max(0.0, dev_b + layers * bwd_comm - bwd))
+
+
+def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
+                options: SimOptions = DEFAULT_OPTIONS) -> list[StageCosts]:
     """`StageCosts` of every virtual pipeline stage, one representative rank each.
 
     Entry g = chunk·pp + rank (pp·virtual_stages entries, pipeline order; just the pp stages
     when virtual_stages = 1) runs on pipeline rank g % pp. Each rank's once-per-step DP and
     optimizer costs sit on its first chunk's entry (g < pp; zero elsewhere): chunk 0 runs the
-    rank's last backward, the one DP buckets overlap with.
+    rank's last backward, the one DP buckets overlap with. A micro-batch of a chunk takes
+    max(device time, host launch time) (`simulator.compute`).
 
     Raises:
         PlanError: the plan does not fit the model (`check_plan`) or needs more devices than
             the cluster has.
     """
     check_plan(model, plan)
-    if plan.world_size > cluster.num_devices:
-        raise PlanError(
-            f"tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.world_size} > "
-            f"devices({cluster.num_devices}) of cluster {cluster.name!r} "
-            f"({cluster.num_nodes} nodes x {cluster.devices_per_node})")
-    flop_rate, byte_rate = _rates(cluster, plan)
-    f_layer, b_layer = layer_forward_flops(model, plan), layer_forward_bytes(model, plan)
-    layer_fwd = f_layer / flop_rate + b_layer / byte_rate
-    recompute = {"full": layer_fwd, "none": 0.0,
-                 "selective": 4 * plan.micro_batch * model.seq_len ** 2 * model.hidden
-                 / plan.tp / flop_rate}[plan.recompute]
+    check_cluster(plan, cluster)
+    if getattr(cluster, "cpu_costs", None) is not None:     # calibrated localhost-cpu only
+        from simulator.cpu_model import cpu_stage_costs
+        calibrated = cpu_stage_costs(model, plan, cluster)
+        if calibrated is not None:
+            return calibrated
+    eff, dev = _efficiency(cluster, options), _device(cluster)
+    lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
+                       options.attention, plan.dtype, dev, eff)
+    host_re = {"full": lc.host_fwd_s, "none": 0.0,
+               "selective": eff.host_op_s * 4}[plan.recompute]
+    bandwidth = dev.memory_bandwidth_Bps * eff.memory_fraction
     act_bytes = plan.micro_batch * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype]
+    # Megatron's scatter-gather P2P sends 1/tp of the activation per TP rank; the all-gather
+    # inside the node is not counted.
+    p2p_bytes = act_bytes / plan.tp if options.p2p_scatter_gather else act_bytes
     pp, stride = plan.pp, mesh_strides(plan)["pp"]
     chunks = plan.layers_per_stage(model)
-    tp_ar = [collective_time_s(cluster, "all_reduce", act_bytes,
-                               group_devices(plan, "tp", stage=r)) for r in range(pp)]
     out = []
     for g, layers in enumerate(chunks):
         rank = g % pp
-        e_flops, e_bytes = _edge_compute(model, plan, g == 0, g == len(chunks) - 1)
-        edge = e_flops / flop_rate + e_bytes / byte_rate
-        comm = 2 * layers * tp_ar[rank]
+        e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
+                                            eff, first=g == 0, last=g == len(chunks) - 1)
+        fwd, bwd, fwd_comm, bwd_comm = _chunk_times(
+            model, plan, cluster, options, rank, layers, lc, (e_fwd, e_bwd, e_host), host_re)
         src = rank * stride
         nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
-        tail = _dp_and_optimizer(model, plan, cluster, rank, byte_rate) \
+        tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \
             if g < pp else {}
+        if tail and options.overlap_param_gather:
+            tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
+        extra = options.p2p_overhead_s
+        p2p_f = p2p_time_on_cluster_s(cluster, p2p_bytes, src, nxt) + extra \
+            if g < len(chunks) - 1 else 0.0
+        p2p_b = p2p_time_on_cluster_s(cluster, p2p_bytes, src, prv) + extra if g > 0 else 0.0
+        block_f, block_b = (p2p_f, p2p_b) if options.blocking_p2p else (0.0, 0.0)
         out.append(StageCosts(
-            fwd_compute_s=layers * layer_fwd + edge,
-            bwd_compute_s=layers * (2 * layer_fwd + recompute) + 2 * edge,
-            fwd_comm_s=comm, bwd_comm_s=comm * (2 if plan.recompute == "full" else 1),
-            p2p_fwd_s=p2p_time_on_cluster_s(cluster, act_bytes, src, nxt)
-            if g < len(chunks) - 1 else 0.0,
-            p2p_bwd_s=p2p_time_on_cluster_s(cluster, act_bytes, src, prv) if g > 0 else 0.0,
-            **tail))
+            fwd_compute_s=fwd, bwd_compute_s=bwd,
+            fwd_comm_s=fwd_comm + block_f, bwd_comm_s=bwd_comm + block_b,
+            p2p_fwd_s=p2p_f - block_f, p2p_bwd_s=p2p_b - block_b, **tail))
     return out

@@ -18,7 +18,13 @@ import simpy
 
 from planner.spec import ModelSpec, Plan, training_flops_per_token
 from simulator.cluster import Cluster
-from simulator.costs import StageCosts, recompute_flops_per_token, stage_costs
+from simulator.costs import (
+    DEFAULT_OPTIONS,
+    SimOptions,
+    StageCosts,
+    recompute_flops_per_token,
+    stage_costs,
+)
 from simulator.memory import MemoryBreakdown, memory_per_stage
 
 
@@ -218,17 +224,19 @@ def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, com
 
 
 def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = False,
-             overlap_dp: bool = False) -> StepPrediction:
+             overlap_dp: bool = False,
+             options: SimOptions = DEFAULT_OPTIONS) -> StepPrediction:
     """Simulate one training step of ``model`` under ``plan`` on ``cluster`` with SimPy.
 
     Cost grows with pp × micro-batches, not with the number of devices. ``overlap_dp``
-    overlaps the bucketed gradient reduction with the last backward (`simulate_pipeline`).
+    overlaps the bucketed gradient reduction with the last backward (`simulate_pipeline`);
+    ``options`` names framework behaviour the plan does not (`simulator.costs.SimOptions`).
 
     Raises:
         PlanError: the plan does not fit the model, needs more devices than the cluster has
             (with the arithmetic), or the device has no peak FLOP/s for ``plan.dtype``.
     """
-    costs = stage_costs(model, plan, cluster)
+    costs = stage_costs(model, plan, cluster, options)
     result = simulate_pipeline(costs, plan.schedule, plan.num_microbatches,
                                virtual_stages=plan.virtual_stages, trace=trace,
                                overlap_dp=overlap_dp)
@@ -280,14 +288,15 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
 
 
 def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
-             overlap_dp: bool = False) -> StepPrediction:
+             overlap_dp: bool = False,
+             options: SimOptions = DEFAULT_OPTIONS) -> StepPrediction:
     """Analytical (no SimPy) version of `simulate`, for screening many plans quickly
     (~0.1 ms a call).
 
     Raises:
         PlanError: as `simulate`.
     """
-    costs = stage_costs(model, plan, cluster)
+    costs = stage_costs(model, plan, cluster, options)
     step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
                                             plan.virtual_stages)
     return _prediction(model, plan, cluster, step, compute, comm, [])

@@ -186,5 +186,7 @@ def test_trace_exports_to_chrome_format(tmp_path):
     pred = simulate(TINY, Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, dtype="fp32"),
                     load_cluster("localhost-cpu", ranks=2), trace=True)
     data = json.loads(write_chrome_trace(pred.events, tmp_path / "t.json").read_text())
-    assert len(data["traceEvents"]) == len(pred.events)
-    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in data["traceEvents"])
+    complete = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(pred.events)
+    assert all(e["dur"] >= 0 for e in complete)
+    assert all(e["ph"] in ("X", "M") for e in data["traceEvents"])

@@ -1,0 +1,74 @@
+"""`meshplan validate`: predicted vs reference step time of real training runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from apps.format import fmt_pct, fmt_time_s, print_table
+
+COLUMNS = {"id": ("id", None), "model": ("model", None), "num_gpus": ("gpus", None),
+           "tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
+           "predicted_step_time_s": ("predicted", fmt_time_s),
+           "reference_step_time_s": ("reference", fmt_time_s),
+           "rel_error": ("error", lambda x: f"{100 * x:+.1f}%"),
+           "flags": ("flags", lambda f: "; ".join(f) if f else "-")}
+
+
+def plot_scatter(results: dict[str, dict], path: str) -> None:
+    """Predicted vs reference step time of each named result (log-log), ±25% band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 6.0))
+    lo, hi = float("inf"), 0.0
+    for name, result in results.items():
+        ref = [r["reference_step_time_s"] for r in result["rows"]]
+        pred = [r["predicted_step_time_s"] for r in result["rows"]]
+        lo, hi = min(lo, *ref, *pred), max(hi, *ref, *pred)
+        ax.scatter(ref, pred, s=10, alpha=0.6,
+                   label=f"{name} (n={len(ref)}, MAPE {100 * result['mape']:.1f}%)")
+    xs = [lo / 1.5, hi * 1.5]
+    ax.plot(xs, xs, "k-", lw=0.8)
+    for f in (0.75, 1.25):
+        ax.plot(xs, [x * f for x in xs], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlabel="reference step time (s)",
+           ylabel="predicted step time (s)", title="meshplan validate: predicted vs measured")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
+    from simulator.validate import validate_runs
+    result = validate_runs(args.runs)
+    if getattr(args, "plot", None):
+        plot_scatter({Path(args.runs).stem: result}, args.plot)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    console = Console()
+    df = pd.DataFrame(result["rows"])
+    print_table(console, df, f"{args.runs}: predicted vs reference step time", COLUMNS,
+                limit=args.top)
+    worst = max(result["rows"], key=lambda r: abs(r["rel_error"]))
+    console.print(f"{len(df)} rows  MAPE {fmt_pct(result['mape'])}  worst {worst['id']} "
+                  f"({worst['model']}) {100 * worst['rel_error']:+.1f}%", highlight=False)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``validate`` on the subcommand parser ``sub``."""
+    sv = sub.add_parser("validate", help="simulate published / vTrain runs, report the error")
+    sv.add_argument("--runs", required=True, help="published_runs.csv or a vTrain "
+                    "ground_truth_*.csv (format detected by header)")
+    sv.add_argument("--top", type=int, help="rows to print (default all)")
+    sv.add_argument("--plot", metavar="PNG", help="also write a predicted-vs-reference plot")
+    sv.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sv.set_defaults(func=cmd_validate)

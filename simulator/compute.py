@@ -1,0 +1,253 @@
+"""Compute time of one transformer layer, op by op: GEMMs at a shape-dependent efficiency,
+memory-bound ops at achievable bandwidth, and the host time that launches them.
+
+Every op of a Megatron-style GPT / Llama block is listed with its FLOPs, bytes and GEMM shape
+(m, n, k) for one TP rank and one micro-batch of T = b·s tokens:
+
+====================  ==========================================  =============================
+op                    GEMM (m, n, k) or bytes                      source
+====================  ==========================================  =============================
+norm 1, norm 2        read + write T·h (/tp with SP)               Korthikanti et al. 2022 §4.2
+QKV projection        (T, (h + 2·kv)/tp, h), GQA via kv            Shoeybi et al. 2019 §3
+attention core        QKᵀ and AV: 2 × 2·T·s·h/tp FLOPs; unfused:   Narayanan et al. 2021 eq. 3;
+                      softmax + dropout over b·a/tp·s² scores;     Dao et al. 2022 (flash)
+                      flash: causal, half the score blocks, no s²
+output projection     (T, h, h/tp)                                 Shoeybi et al. 2019 §3
+dropout + residual ×2 read 2·T·h, write T·h, 1-byte mask           Korthikanti et al. 2022 §4.1
+MLP up                (T, f/tp, h); SwiGLU (T, 2f/tp, h)           Shazeer 2020 (GLU variants)
+activation            GeLU read + write T·f/tp; SwiGLU 2 in 1 out
+MLP down              (T, h, f/tp)
+====================  ==========================================  =============================
+
+The backward of a GEMM is two GEMMs of the same FLOPs (input and weight gradient); of a
+memory-bound op, twice its bytes (Narayanan et al. 2021 §3.1: backward = 2 × forward).
+
+GEMM time is ``2mnk / (peak · gemm_max_fraction · wave(m, n) · sat(2mnk)) + kernel_s``:
+``wave`` is the wave-quantisation of 128×128 output tiles over the SMs (a GEMM with 1.1 waves
+of tiles pays for 2), ``sat(W) = W / (W + gemm_half_flops)`` the saturating curve that makes
+small or skinny GEMMs run far below peak. Memory-bound ops take ``bytes / (bandwidth ·
+memory_fraction) + kernel_s``. Eager frameworks also spend ``host_op_s`` of CPU time per op;
+the GPU cannot run ahead of its launches, so a micro-batch takes max(device, host).
+The parameters per GPU type live in ``simulator/presets/efficiency.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import yaml
+
+from planner.spec import DTYPE_BYTES, ModelSpec, PlanError
+from simulator.hardware import DeviceProfile
+
+PRESET = Path(__file__).with_name("presets") / "efficiency.yaml"
+
+Attention = Literal["flash", "unfused"]
+TILE = 128  # output tile edge of cuBLAS/CUTLASS tensor-core GEMMs on A100/H100
+
+
+@dataclass(frozen=True, kw_only=True)
+class Efficiency:
+    """Fitted compute-efficiency parameters of one GPU type (see ``efficiency.yaml``).
+
+    Attributes:
+        gemm_max_fraction: fraction of dense peak a large, well-shaped GEMM reaches.
+        gemm_half_flops: GEMM FLOPs at which the saturating curve is at half of its maximum.
+        num_sms: streaming multiprocessors (wave quantisation).
+        memory_fraction: achieved fraction of HBM bandwidth for memory-bound kernels.
+        kernel_s: fixed device time per kernel (launch gap, tail).
+        host_op_s: CPU time per launched op in an eager framework (forward op; the backward
+            launches twice as many).
+        flash_fraction: FlashAttention FLOP rate relative to a large GEMM.
+        source: how the numbers were obtained.
+    """
+
+    gemm_max_fraction: float
+    gemm_half_flops: float
+    num_sms: int
+    memory_fraction: float
+    kernel_s: float
+    host_op_s: float
+    flash_fraction: float = 0.8
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_max_fraction", "memory_fraction", "flash_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise PlanError(f"{name}={getattr(self, name)!r} must be in (0, 1]")
+        for name in ("gemm_half_flops", "kernel_s", "host_op_s"):
+            if getattr(self, name) < 0:
+                raise PlanError(f"{name}={getattr(self, name)!r} must be >= 0")
+
+
+@lru_cache(maxsize=1)
+def _presets() -> dict[str, dict]:
+    with open(PRESET, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def load_efficiency(device: str) -> Efficiency:
+    """Efficiency parameters of ``device`` (a device preset name); a generic profile (no host
+    overhead, no saturation) for devices without an entry, e.g. the CPU core."""
+    data = _presets().get(device)
+    if data is None or device == "frameworks":
+        return Efficiency(gemm_max_fraction=1.0, gemm_half_flops=0.0, num_sms=1,
+                          memory_fraction=1.0, kernel_s=0.0, host_op_s=0.0,
+                          flash_fraction=1.0, source="generic: device profile efficiencies")
+    return Efficiency(**data)
+
+
+def load_framework(name: str) -> dict[str, float]:
+    """Fitted framework parameters (``frameworks`` in ``efficiency.yaml``) of ``name``, e.g.
+    ``{'p2p_overhead_s': 0.002}``; empty for a framework without an entry."""
+    data = dict(_presets().get("frameworks", {}).get(name, {}))
+    data.pop("source", None)
+    return {k: float(v) for k, v in data.items()}
+
+
+class Op(NamedTuple):
+    """One forward op: GEMM shape (m, n, k) and count (batched GEMMs), or memory bytes."""
+
+    name: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    count: int = 1
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+def wave_efficiency(m: int, n: int, num_sms: int) -> float:
+    """Useful fraction of the last wave of 128×128 tiles over ``num_sms`` SMs.
+
+    >>> wave_efficiency(128 * 108, 128, 108)  # exactly one full wave
+    1.0
+    >>> round(wave_efficiency(128 * 109, 128, 108), 3)  # 109 tiles need 2 waves
+    0.505
+    """
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
+    waves = math.ceil(tiles / num_sms)
+    return tiles / (waves * num_sms)
+
+
+def gemm_time_s(m: int, n: int, k: int, peak_flops: float, eff: Efficiency,
+                count: int = 1) -> float:
+    """Time of ``count`` (m, n, k) GEMMs run as one batched kernel.
+
+    >>> e = Efficiency(gemm_max_fraction=0.5, gemm_half_flops=0.0, num_sms=1,
+    ...                memory_fraction=1.0, kernel_s=0.0, host_op_s=0.0)
+    >>> gemm_time_s(128, 128, 1000, 2 * 128 * 128 * 1000 / 0.5, e)
+    1.0
+    """
+    flops = 2.0 * m * n * k * count
+    # Batched GEMMs fill the SMs with tiles from every batch entry.
+    wave = wave_efficiency(m * count, n, eff.num_sms) if count > 1 else \
+        wave_efficiency(m, n, eff.num_sms)
+    sat = flops / (flops + eff.gemm_half_flops)
+    return flops / (peak_flops * eff.gemm_max_fraction * wave * sat) + eff.kernel_s
+
+
+def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
+                      attention: Attention, dtype: str) -> list[Op]:
+    """Forward ops of one block on one TP rank (see the module table)."""
+    s, h, f, kv = model.seq_len, model.hidden, model.ffn_hidden, model.kv_hidden
+    t, d = micro_batch * s, DTYPE_BYTES[dtype]
+    rep = t // tp if sequence_parallel else t  # tokens of the replicated (non-TP) region
+    heads = model.num_heads // tp
+    ops = [Op("norm1", bytes=2 * rep * h * d),
+           Op("qkv", m=t, n=(h + 2 * kv) // tp, k=h)]
+    if attention == "flash":
+        # Causal FlashAttention skips the masked upper half of the score blocks.
+        ops.append(Op("attn-core", flops=2 * t * s * h / tp))
+    else:
+        scores = micro_batch * heads * s * s
+        ops += [Op("attn-qk", m=s, n=s, k=model.head_dim, count=micro_batch * heads),
+                Op("attn-softmax", bytes=2 * scores * d),
+                Op("attn-dropout", bytes=2 * scores * d + scores),
+                Op("attn-av", m=s, n=model.head_dim, k=s, count=micro_batch * heads)]
+    ops += [Op("out-proj", m=t, n=h, k=h // tp),
+            Op("dropout-add1", bytes=3 * rep * h * d + rep * h),
+            Op("norm2", bytes=2 * rep * h * d)]
+    if model.activation == "swiglu":
+        ops += [Op("mlp-up", m=t, n=2 * f // tp, k=h), Op("swiglu", bytes=3 * t * f // tp * d)]
+    else:
+        ops += [Op("mlp-up", m=t, n=f // tp, k=h), Op("gelu", bytes=2 * t * f // tp * d)]
+    ops += [Op("mlp-down", m=t, n=h, k=f // tp),
+            Op("dropout-add2", bytes=3 * rep * h * d + rep * h)]
+    return ops
+
+
+ATTENTION_CORE = ("attn-core", "attn-qk", "attn-softmax", "attn-dropout", "attn-av")
+
+
+def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> float:
+    """Forward device time of ``op``."""
+    peak = device.peak(dtype)
+    if op.m:
+        return gemm_time_s(op.m, op.n, op.k, peak, eff, op.count)
+    if op.flops:
+        return op.flops / (peak * eff.gemm_max_fraction * eff.flash_fraction) + eff.kernel_s
+    return op.bytes / (device.memory_bandwidth_Bps * eff.memory_fraction) + eff.kernel_s
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """Seconds one block takes on one TP rank for one micro-batch.
+
+    fwd_s / bwd_s are device times (bwd without recomputation); attn_core_fwd_s is the part
+    of fwd_s that selective recomputation repeats; host_fwd_s / host_bwd_s are CPU launch
+    times; kernels_fwd counts forward ops.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    attn_core_fwd_s: float
+    host_fwd_s: float
+    host_bwd_s: float
+    kernels_fwd: int
+
+
+@lru_cache(maxsize=4096)
+def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
+                  attention: Attention, dtype: str, device: DeviceProfile,
+                  eff: Efficiency) -> LayerCompute:
+    """`LayerCompute` of one block (cached: the planner calls it for many plans)."""
+    ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype)
+    fwd = bwd = core = 0.0
+    for op in ops:
+        t = op_time_s(op, device, eff, dtype)
+        fwd += t
+        # Backward: two GEMMs per GEMM (dgrad, wgrad); FlashAttention's backward is 2.5x its
+        # forward (it recomputes the scores; Dao 2023 §3.1); memory ops move twice the bytes.
+        bwd += 2.5 * t if op.flops else 2 * t
+        if op.name in ATTENTION_CORE:
+            core += t
+    host = eff.host_op_s * len(ops)
+    return LayerCompute(fwd, bwd, core, host, 2 * host, len(ops))
+
+
+def edge_compute(model: ModelSpec, micro_batch: int, tp: int, dtype: str,
+                 device: DeviceProfile, eff: Efficiency, *, first: bool,
+                 last: bool) -> tuple[float, float, float]:
+    """(forward device s, backward device s, host s) the first / last stage adds: embedding
+    lookup (read + write T·h) and position add; final norm, logits GEMM (T, V/tp, h) and the
+    vocab-parallel fp32 cross-entropy (3 passes over T·V/tp fp32)."""
+    t, d = micro_batch * model.seq_len, DTYPE_BYTES[dtype]
+    bw = device.memory_bandwidth_Bps * eff.memory_fraction
+    fwd = bwd = host = 0.0
+    if first:
+        fwd += 3 * t * model.hidden * d / bw + 2 * eff.kernel_s
+        bwd += 3 * t * model.hidden * d / bw + 2 * eff.kernel_s
+        host += 3 * eff.host_op_s
+    if last:
+        logits = gemm_time_s(t, model.vocab_size // tp, model.hidden, device.peak(dtype), eff)
+        loss = (2 * t * model.hidden * d + 3 * t * model.vocab_size / tp * 4) / bw \
+            + 4 * eff.kernel_s
+        fwd += logits + loss
+        bwd += 2 * logits + loss
+        host += 8 * eff.host_op_s
+    return fwd, bwd, host

@@ -1,0 +1,256 @@
+"""Validation against real training runs: read a runs table, simulate every row on the
+matching cluster, report predicted vs reference step time.
+
+Two formats, detected by header: the published-runs table (``ref_step_time_s`` column) and
+the vTrain ground-truth tables (``iteration time (ms)``). A setting a row does not give takes
+the documented default of its source family below, and the row's ``flags`` say so.
+
+Defaults (never tuned per row):
+
+* every row: ffn = 4h, kv_heads = heads, GeLU MLP, LayerNorm, untied output projection, no
+  dropout changes; vocab 51,200 for Megatron GPT rows; layers that do not split evenly over
+  the pipeline get the larger stages first (DeepSpeed / Megatron balanced split).
+* vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257, fp16, full recomputation, 1F1B, unfused
+  attention, blocking P2P (with the fitted Megatron-DeepSpeed send/recv overhead), gradients
+  all-reduced after the backward without bucketing; cluster ``vtrain-a100`` (150 GB/s
+  intra-node, 800 Gb/s per node).
+* Megatron-LM 2020-2022 on Selene / DGX A100 (Narayanan et al. 2021; Korthikanti et al.
+  2022; the 2020 README): fp16, unfused attention, no DP overlap; micro-batch 1 when not
+  given (2020 README rows: the per-GPU batch, no accumulation); full recomputation when not
+  given; blocking P2P; cluster ``dgx-a100`` (8 x 200 Gb/s HDR per node). The ZeRO-3 rows of
+  Narayanan et al. Table 2 ran DeepSpeed ZeRO-3: its weight gathers and gradient
+  reduce-scatters push every rank's full share through the rank's NIC (no node-level
+  aggregation; the 768- and 1536-GPU rows take the same time, as that predicts).
+* Megatron-Core 2024 on DGX H100: bf16, flash attention, sequence parallel when tp > 1,
+  TP-communication overlap, overlapped bucketed gradient reduction and parameter gather,
+  distributed optimizer (ZeRO-1), micro-batch 1, no recomputation, no interleaving; cluster
+  ``dgx-h100``.
+* BLOOM (Megatron-DeepSpeed with DeepSpeed's pipeline engine on Jean Zay): bf16, unfused
+  attention, blocking P2P of the whole activation from every TP rank (no scatter-gather),
+  full recomputation, ZeRO-1 and vocab 250,680 when not given; cluster ``jean-zay-a100``
+  (4 x 100 Gb/s per node).
+* llm-foundry MPT: bf16, flash attention, FSDP FULL_SHARD (ZeRO-3), overlapped; vocab as
+  given; cluster ``dgx-a100`` (1600 Gb/s RoCE per node = 8 x 200 Gb/s).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from planner.spec import ModelSpec, Plan, PlanError
+from simulator.cluster import Cluster, load_cluster
+from simulator.compute import load_framework
+from simulator.costs import SimOptions
+from simulator.simulate import estimate, simulate
+
+CLUSTER_DIR = Path(__file__).with_name("presets") / "validation_clusters"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCase:
+    """One reference run: what to simulate, where, and what was measured."""
+
+    id: str
+    model: ModelSpec
+    plan: Plan
+    cluster_name: str
+    nodes: int
+    options: SimOptions
+    overlap_dp: bool
+    reference_step_time_s: float
+    flags: tuple[str, ...] = field(default=())
+
+
+@lru_cache(maxsize=64)
+def validation_cluster(name: str, nodes: int) -> Cluster:
+    """A cluster preset (``dgx-a100``, ``dgx-h100``) or a validation cluster file
+    (``vtrain-a100``, ``jean-zay-a100`` in ``presets/validation_clusters``) with ``nodes``."""
+    path = CLUSTER_DIR / f"{name}.yaml"
+    return load_cluster(str(path) if path.is_file() else name, nodes=nodes)
+
+
+def balanced_split(layers: int, stages: int) -> tuple[int, ...] | None:
+    """Layers per stage, the larger stages first; None when they split evenly.
+
+    >>> balanced_split(70, 12)
+    (6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5)
+    >>> balanced_split(96, 8) is None
+    True
+    """
+    if layers % stages == 0:
+        return None
+    q, r = divmod(layers, stages)
+    return (q + 1,) * r + (q,) * (stages - r)
+
+
+def _num(value: str) -> float | None:
+    value = (value or "").strip()
+    if not value:
+        return None
+    try:
+        return float(value.rstrip("%"))
+    except ValueError:
+        return None
+
+
+def _family(row: dict) -> str:
+    src = row["source"]
+    if "llm-foundry" in src:
+        return "mpt"
+    if "BigScience" in src or "bigscience" in src:
+        return "bloom"
+    if "Megatron-Core" in src or "2024" in src:
+        return "megatron-core"
+    return "megatron"
+
+
+def _published_case(row: dict) -> RunCase:
+    flags: list[str] = []
+    fam = _family(row)
+    h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
+    kv = _num(row["kv_heads"])
+    ffn = _num(row["ffn_hidden"])
+    if ffn is None:
+        flags.append("ffn_hidden=4h (default)")
+    vocab = _num(row["vocab"])
+    if vocab is None:
+        vocab = 250680 if fam == "bloom" else 51200
+        flags.append(f"vocab={vocab} (default)")
+    tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
+    gb = int(row["global_batch"])
+    mb = _num(row["micro_batch"])
+    if mb is None:
+        mb = gb // dp if "2020" in row["source"] else 1
+        flags.append(f"micro_batch={int(mb)} (default)")
+    rec = (row["recompute"] or "").strip().lower()
+    if rec.startswith("selective"):
+        recompute = "selective"
+    elif rec.startswith("full"):
+        recompute = "full"
+    elif rec.startswith("none"):
+        recompute = "none"
+    else:
+        recompute = "none" if fam == "megatron-core" else "full"
+        flags.append(f"recompute={recompute} (default)")
+    sp_cell = (row["sequence_parallel"] or "").strip().lower()
+    if sp_cell in ("yes", "no"):
+        sp = sp_cell == "yes"
+    else:
+        sp = fam == "megatron-core" and tp > 1
+        if tp > 1:
+            flags.append(f"sequence_parallel={sp} (default)")
+    z_cell = (row["zero_stage"] or "").strip()
+    if z_cell.startswith("FSDP"):
+        zero = 3
+    elif z_cell:
+        zero = int(float(z_cell))
+    else:
+        zero = {"megatron-core": 1, "bloom": 1}.get(fam, 0)
+        if fam in ("megatron-core", "bloom") and dp > 1:
+            flags.append(f"zero_stage={zero} (default)")
+    vpp = _num(row["vpp"])
+    v = int(vpp) if vpp else 1
+    if vpp is None and pp > 1 and fam in ("megatron", "megatron-core"):
+        flags.append("no interleaving (default)")
+    model = ModelSpec(name=row["model"], num_layers=layers, hidden=h, num_heads=a,
+                      num_kv_heads=int(kv) if kv else a,
+                      ffn_hidden=int(ffn) if ffn else 4 * h, vocab_size=int(vocab),
+                      seq_len=int(row["seq_len"]), activation="gelu")
+    split = balanced_split(layers, pp * v)
+    if split:
+        flags.append(f"stage_layers={list(split)}")
+    old = fam == "megatron" or fam == "bloom"
+    dtype = "fp16" if fam == "megatron" else "bf16"
+    plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(mb), global_batch=gb,
+                schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
+                recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
+                stage_layers=split)
+    framework = {"bloom": "megatron-deepspeed", "mpt": "llm-foundry",
+                 "megatron-core": "megatron-core"}.get(fam, "megatron-lm")
+    options = SimOptions(**load_framework(framework),
+                         attention="unfused" if old else "flash",
+                         tp_comm_overlap=fam == "megatron-core",
+                         dp_bucket_bytes=None if old else 40e6, blocking_p2p=fam != "mpt",
+                         zero3_unaggregated=fam == "megatron" and zero == 3,
+                         overlap_param_gather=fam == "megatron-core",
+                         p2p_scatter_gather=fam != "bloom")
+    cluster = {"bloom": "jean-zay-a100", "megatron-core": "dgx-h100"}.get(fam, "dgx-a100")
+    return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
+                   nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
+                   overlap_dp=not old, reference_step_time_s=float(row["ref_step_time_s"]),
+                   flags=tuple(flags))
+
+
+def _vtrain_case(row: dict, index: int, prefix: str) -> RunCase:
+    h, a, layers = int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"])
+    tp, pp, dp = (int(row[k]) for k in ("tensor parallelism", "pipeline parallelism",
+                                        "data parallelism"))
+    model = ModelSpec(name=f"GPT h{h} L{layers}", num_layers=layers, hidden=h, num_heads=a,
+                      num_kv_heads=a, ffn_hidden=4 * h, vocab_size=50257,
+                      seq_len=int(row["sequence length"]), activation="gelu")
+    split = balanced_split(layers, pp)
+    plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(row["micro batch"]),
+                global_batch=int(row["global batch"]), recompute="full", dtype="fp16",
+                stage_layers=split)
+    gpus = int(row["# GPUs"])
+    return RunCase(id=f"{prefix}{index:03d}", model=model, plan=plan,
+                   cluster_name="vtrain-a100", nodes=math.ceil(gpus / 8),
+                   options=SimOptions(**load_framework("megatron-deepspeed"),
+                                      attention="unfused", dp_bucket_bytes=None,
+                                      blocking_p2p=True),
+                   overlap_dp=False,
+                   reference_step_time_s=float(row["iteration time (ms)"]) / 1e3,
+                   flags=(f"stage_layers={list(split)}",) if split else ())
+
+
+def read_runs(path: str | Path) -> list[RunCase]:
+    """The reference runs of a published-runs or vTrain ground-truth CSV (detected by header).
+
+    Raises:
+        PlanError: the header matches neither format.
+    """
+    path = Path(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    header = set(rows[0]) if rows else set()
+    if "ref_step_time_s" in header:
+        return [_published_case(r) for r in rows]
+    if "iteration time (ms)" in header:
+        prefix = "m" if "Parameters (billion)" in header else "s"
+        return [_vtrain_case(r, i, prefix) for i, r in enumerate(rows)]
+    raise PlanError(f"{path.name}: header {sorted(header)[:6]}... is neither the published-runs "
+                    f"table (ref_step_time_s) nor a vTrain table (iteration time (ms))")
+
+
+def predict(case: RunCase, *, fast: bool = False) -> float:
+    """Simulated step time of ``case`` on its cluster, in seconds (``fast``: the closed-form
+    `estimate` instead of the SimPy run, for fitting)."""
+    cluster = validation_cluster(case.cluster_name, case.nodes)
+    run = estimate if fast else simulate
+    return run(case.model, case.plan, cluster, overlap_dp=case.overlap_dp,
+               options=case.options).step_time_s
+
+
+def validate_runs(path: str | Path) -> dict:
+    """Predicted vs reference step time of every row, with MAPE and the worst row.
+
+    Returns ``{"rows": [{"id", "model", "num_gpus", "tp", "pp", "dp",
+    "predicted_step_time_s", "reference_step_time_s", "rel_error", "flags"}, ...],
+    "mape": float, "max_abs_rel_error": float}``; rel_error = predicted / reference − 1.
+    """
+    rows = []
+    for case in read_runs(path):
+        pred = predict(case)
+        ref = case.reference_step_time_s
+        p = case.plan
+        rows.append({"id": case.id, "model": case.model.name, "num_gpus": p.world_size,
+                     "tp": p.tp, "pp": p.pp, "dp": p.dp, "predicted_step_time_s": pred,
+                     "reference_step_time_s": ref, "rel_error": pred / ref - 1,
+                     "flags": list(case.flags)})
+    errors = [abs(r["rel_error"]) for r in rows]
+    return {"rows": rows, "mape": sum(errors) / len(errors) if errors else 0.0,
+            "max_abs_rel_error": max(errors, default=0.0)}
