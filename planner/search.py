@@ -1,27 +1,37 @@
-"""Plan search: enumerate every tp × pp × dp split (and micro-batch, recomputation, sequence
-parallelism), reject the illegal and out-of-memory ones with a reason, rank the rest.
+"""Plan search: enumerate every plan of a `SearchSpace` (tp × pp × dp, micro-batch, virtual
+stages, schedule, recomputation, ZeRO stage, sequence parallelism, placement), reject the illegal
+and out-of-memory ones with a reason, rank the rest.
 
-Two tiers: the analytical `simulator.estimate` screens every candidate, then the SimPy
-`simulator.simulate` refines the best ``top_k`` and the final ranking uses the refined numbers.
+Two tiers: the analytical `simulator.estimate` screens every candidate that fits in memory, then
+the SimPy `simulator.simulate` refines the best ``top_k`` and the final ranking puts the refined
+rows first. When nothing fits, `SearchResult.infeasible` says which plans came closest, what
+they would need and which constraint blocks them (`planner.infeasible`).
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+import heapq
+import time
+from dataclasses import dataclass, field
 
 import pandas as pd
 
-from planner.spec import ModelSpec, Plan, PlanError, check_plan, divisors
+from planner.space import Rejection, SearchSpace, enumerate_candidates
+from planner.spec import ModelSpec, Plan, PlanError
 from simulator.cluster import Cluster
-from simulator.memory import memory_per_stage
+from simulator.memory import MemoryBreakdown, memory_per_stage
 from simulator.simulate import StepPrediction, estimate, simulate
 
 RANKED_COLUMNS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "recompute",
                   "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "hfu",
-                  "peak_memory_bytes", "tier"]
-REJECTED_COLUMNS = ["id", "reason"]
+                  "peak_memory_bytes", "tier", "schedule", "virtual_stages", "zero_stage",
+                  "placement"]
+REJECTED_COLUMNS = ["id", "reason", "kind"]
 GiB = 2**30
+#: Out-of-memory plans kept as the "closest" answer when nothing fits.
+CLOSEST_KEPT = 5
+#: The SimPy tier simulates at most this many times top_k extra plans (see `refine`).
+EXTRA_REFINE = 2
 
 
 @dataclass(frozen=True)
@@ -30,15 +40,21 @@ class SearchResult:
 
     Attributes:
         ranked: one row per legal plan, best (highest tokens/s) first; columns `RANKED_COLUMNS`.
-        rejected: one row per rejected candidate with its reason; columns `REJECTED_COLUMNS`.
+        rejected: one row per rejected candidate or branch with its reason; columns
+            `REJECTED_COLUMNS` (kind: tp, layers, batch, schedule, devices, memory).
         plans: the `Plan` of each ranked row, keyed by plan id.
         predictions: the best prediction of each ranked row (simulated where refined).
+        infeasible: when no plan is legal and fits, the closest plans and what blocks them.
+        stats: candidates seen, plans estimated / simulated, the wall time of each tier and
+            the CPU time of the analytical one.
     """
 
     ranked: pd.DataFrame
     rejected: pd.DataFrame
     plans: dict[str, Plan]
     predictions: dict[str, StepPrediction]
+    infeasible: object | None = None
+    stats: dict = field(default_factory=dict)
 
     @property
     def best(self) -> Plan:
@@ -54,60 +70,78 @@ class SearchResult:
         return self.plans[self.ranked.iloc[0]["id"]]
 
 
-def candidate_plans(model: ModelSpec, cluster: Cluster, *, global_batch: int,
-                    num_devices: int | None = None, dtype: str | None = None,
-                    micro_batches: tuple[int, ...] = (1, 2, 4, 8),
-                    recompute: tuple[str, ...] = ("none", "selective", "full"),
-                    ) -> list[tuple[str, Plan | None, str]]:
-    """Every candidate as ``(id, plan or None, reason if rejected else '')``.
+def memory_reason(need: MemoryBreakdown, stage: int, limit_bytes: float) -> str:
+    """The out-of-memory reason with the breakdown of the worst stage."""
+    return (f"out of memory: stage {stage} needs {need.total_bytes / GiB:.1f} GiB, device has "
+            f"{limit_bytes / GiB:.1f} GiB usable (weights {need.weights_bytes / GiB:.1f}, "
+            f"gradients {need.gradients_bytes / GiB:.1f}, optimizer "
+            f"{need.optimizer_bytes / GiB:.1f}, activations {need.activations_bytes / GiB:.1f}, "
+            f"overhead {need.overhead_bytes / GiB:.1f})")
 
-    tp ranges over the divisors of the devices per node (tensor parallelism stays inside the
-    NVSwitch domain, as Megatron recommends, Narayanan et al. 2021 §3.3), pp over the divisors of
-    the remaining devices, dp fills the rest; micro-batch sizes, recomputation policies and
-    sequence parallelism (tp > 1) are crossed with each split.
-    """
-    n = cluster.num_devices if num_devices is None else num_devices
-    if n < 1 or n > cluster.num_devices:
-        raise PlanError(f"num_devices={n} must be between 1 and the cluster's "
-                        f"{cluster.num_devices} devices")
-    dtype = dtype or cluster.default_dtype
-    out: list[tuple[str, Plan | None, str]] = []
-    for tp in divisors(cluster.devices_per_node):
-        if n % tp:
-            continue
-        for pp in divisors(n // tp):
-            dp = n // (tp * pp)
-            if pp > model.num_layers:
-                continue
-            sps = (False, True) if tp > 1 else (False,)
-            for mb, rc, sp in itertools.product(micro_batches, recompute, sps):
-                cid = f"tp{tp}-pp{pp}-dp{dp}-mb{mb}-gb{global_batch}" + \
-                    ("" if rc == "none" else f"-ac-{rc}") + ("-sp" if sp else "")
-                try:
-                    plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch,
-                                recompute=rc, sequence_parallel=sp, dtype=dtype)
-                    check_plan(model, plan, world_size=n)
-                except PlanError as exc:
-                    out.append((cid, None, str(exc)))
-                    continue
-                out.append((plan.id, plan, ""))
-    return out
+
+def worst_stage(model: ModelSpec, plan: Plan) -> tuple[int, MemoryBreakdown]:
+    """(stage, breakdown) of the pipeline stage that needs the most memory."""
+    stages = memory_per_stage(model, plan)
+    worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
+    return worst, stages[worst]
 
 
 def out_of_memory_reason(model: ModelSpec, plan: Plan, cluster: Cluster,
                          headroom: float) -> str:
     """'' if every stage fits in ``headroom`` × device memory, else the reason with the breakdown."""
     limit = cluster.device.memory_bytes * headroom
-    stages = memory_per_stage(model, plan)
-    worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
-    need = stages[worst]
-    if need.total_bytes <= limit:
-        return ""
-    return (f"out of memory: stage {worst} needs {need.total_bytes / GiB:.1f} GiB, device has "
-            f"{limit / GiB:.1f} GiB usable (weights {need.weights_bytes / GiB:.1f}, gradients "
-            f"{need.gradients_bytes / GiB:.1f}, optimizer {need.optimizer_bytes / GiB:.1f}, "
-            f"activations {need.activations_bytes / GiB:.1f}, overhead "
-            f"{need.overhead_bytes / GiB:.1f})")
+    stage, need = worst_stage(model, plan)
+    return "" if need.total_bytes <= limit else memory_reason(need, stage, limit)
+
+
+def _memory_key(plan: Plan) -> tuple:
+    # Memory does not depend on placement: the cache key is every other field.
+    return (plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.global_batch, plan.schedule,
+            plan.virtual_stages, plan.recompute, plan.zero_stage, plan.sequence_parallel,
+            plan.dtype)
+
+
+def resolve_global_batch(model: ModelSpec, global_batch: int | None,
+                         global_batch_tokens: int | None) -> int:
+    """Sequences per step from ``global_batch`` (sequences) or ``global_batch_tokens``.
+
+    Raises:
+        PlanError: neither or both given, not positive, or tokens not a multiple of seq_len.
+    """
+    if (global_batch is None) == (global_batch_tokens is None):
+        raise PlanError("give exactly one of global_batch (sequences) and global_batch_tokens")
+    if global_batch_tokens is not None:
+        if global_batch_tokens < 1 or global_batch_tokens % model.seq_len:
+            raise PlanError(f"global_batch_tokens={global_batch_tokens} must be a positive "
+                            f"multiple of seq_len={model.seq_len}")
+        return global_batch_tokens // model.seq_len
+    if global_batch < 1:
+        raise PlanError(f"global_batch={global_batch} must be a positive integer")
+    return global_batch
+
+
+def _device_bounds(cluster: Cluster, num_devices: int | None,
+                   max_devices: int | None) -> tuple[int | None, int | None]:
+    if num_devices is not None and max_devices is not None:
+        raise PlanError("give at most one of num_devices (use exactly) and max_devices "
+                        "(use at most)")
+    n = num_devices if num_devices is not None else max_devices
+    if n is None:
+        return cluster.num_devices, None
+    if n < 1 or n > cluster.num_devices:
+        name = "num_devices" if num_devices is not None else "max_devices"
+        raise PlanError(f"{name}={n} must be between 1 and the cluster's "
+                        f"{cluster.num_devices} devices")
+    return num_devices, max_devices
+
+
+def _space(space: SearchSpace | None, micro_batches, recompute) -> SearchSpace:
+    space = space or SearchSpace()
+    if micro_batches is not None:
+        space = space.replace(micro_batch=tuple(micro_batches))
+    if recompute is not None:
+        space = space.replace(recompute=tuple(recompute))
+    return space
 
 
 def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
@@ -116,55 +150,139 @@ def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
             "recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
             "step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s,
             "mfu": pred.mfu, "hfu": pred.hfu, "peak_memory_bytes": pred.peak_memory_bytes,
-            "tier": tier}
+            "tier": tier, "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,
+            "zero_stage": plan.zero_stage, "placement": ".".join(plan.placement)}
 
 
-def search(model: ModelSpec, cluster: Cluster, *, global_batch: int,
-           num_devices: int | None = None, top_k: int = 20, memory_headroom: float = 0.95,
-           dtype: str | None = None, micro_batches: tuple[int, ...] = (1, 2, 4, 8),
-           recompute: tuple[str, ...] = ("none", "selective", "full")) -> SearchResult:
-    """Search every legal plan of ``model`` on ``cluster`` and rank them by predicted tokens/s.
+def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_batch: int,
+           num_devices: int | None, max_devices: int | None, memory_headroom: float,
+           dtype: str, overlap_dp: bool = False):
+    """The analytical tier: ``(screened, rejected, closest, candidates)``.
+
+    screened: ``(plan, estimate)`` of every legal plan that fits; rejected: rows with reasons;
+    closest: the `CLOSEST_KEPT` out-of-memory plans that need least, as ``(need_bytes, id,
+    plan, stage, breakdown)``; candidates: plans plus rejected branches seen.
+    """
+    limit = cluster.device.memory_bytes * memory_headroom
+    rejected: list[dict] = []
+    screened: list[tuple[Plan, StepPrediction]] = []
+    closest: list[tuple] = []
+    memo: dict[tuple, tuple[int, MemoryBreakdown]] = {}
+    candidates = 0
+    for item in enumerate_candidates(model, space, devices_per_node=cluster.devices_per_node,
+                                     global_batch=global_batch, dtype=dtype,
+                                     num_devices=num_devices, max_devices=max_devices):
+        candidates += 1
+        if isinstance(item, Rejection):
+            rejected.append({"id": item.id, "reason": item.reason, "kind": item.kind})
+            continue
+        key = _memory_key(item)
+        if key not in memo:
+            memo[key] = worst_stage(model, item)
+        stage, need = memo[key]
+        if need.total_bytes > limit:
+            rejected.append({"id": item.id, "reason": memory_reason(need, stage, limit),
+                             "kind": "memory"})
+            entry = (-need.total_bytes, item.id, item, stage, need)
+            if len(closest) < CLOSEST_KEPT:
+                heapq.heappush(closest, entry)
+            elif entry > closest[0]:
+                heapq.heapreplace(closest, entry)
+            continue
+        screened.append((item, estimate(model, item, cluster, overlap_dp=overlap_dp)))
+    closest = [(-e[0], *e[1:]) for e in sorted(closest, reverse=True)]
+    return screened, rejected, closest, candidates
+
+
+def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPrediction]],
+           top_k: int, overlap_dp: bool = False) -> dict[str, StepPrediction]:
+    """The SimPy tier: simulate the ``top_k`` best estimates, then (up to `EXTRA_REFINE` ×
+    ``top_k`` more) every plan whose lower bound beats the k-th best simulated plan.
+
+    ``screened`` is sorted best first. The lower bound of a step is the busy time of the
+    estimate's critical rank (compute_s + comm_s): no schedule runs a rank's work faster. The
+    closed form can overstate interleaved schedules whose chunks differ (it charges every
+    chunk the slowest one's time), and this second pass keeps such plans from being lost.
+    """
+    sims = {p.id: simulate(model, p, cluster, overlap_dp=overlap_dp) for p, _ in
+            screened[:top_k]}
+    if not sims or len(screened) <= top_k:
+        return sims
+    kth = sorted(s.step_time_s for s in sims.values())[-1]
+    rest = sorted((e.compute_s + e.comm_s, i) for i, (_, e) in enumerate(screened[top_k:],
+                                                                         start=top_k))
+    for bound, i in rest[:EXTRA_REFINE * top_k]:
+        if bound >= kth:
+            break
+        plan = screened[i][0]
+        sims[plan.id] = simulate(model, plan, cluster, overlap_dp=overlap_dp)
+    return sims
+
+
+def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = None,
+           global_batch_tokens: int | None = None, num_devices: int | None = None,
+           max_devices: int | None = None, top_k: int = 20, memory_headroom: float = 0.95,
+           dtype: str | None = None, micro_batches: tuple[int, ...] | None = None,
+           recompute: tuple[str, ...] | None = None, space: SearchSpace | None = None,
+           overlap_dp: bool = False, explain: bool = True) -> SearchResult:
+    """Search every plan of ``space`` for ``model`` on ``cluster``; rank by predicted tokens/s.
 
     Args:
         model: the model (its ``seq_len`` is the training sequence length).
-        cluster: the cluster; all its devices are used unless ``num_devices`` is given.
-        global_batch: sequences per optimizer step.
+        cluster: the cluster; all its devices are used unless ``num_devices`` (exactly that
+            many) or ``max_devices`` (at most that many) is given.
+        global_batch / global_batch_tokens: the step's batch in sequences or in tokens.
         top_k: how many of the best analytical estimates the SimPy simulation refines.
         memory_headroom: fraction of device memory a plan may use.
+        micro_batches, recompute: shorthands for the same fields of ``space``.
+        space: allowed values per plan field (`SearchSpace`; default: every legal value).
+        overlap_dp: overlap the DP gradient reduction with the last backward in both tiers.
+        explain: when nothing fits, work out the closest plans and the blocking constraint.
     Returns:
         A `SearchResult`; its ``ranked`` table is sorted best first.
     Raises:
-        PlanError: ``global_batch`` or ``num_devices`` is not a positive integer in range.
+        PlanError: a bad batch, device count, headroom or space.
     """
-    if global_batch < 1:
-        raise PlanError(f"global_batch={global_batch} must be a positive integer")
+    gb = resolve_global_batch(model, global_batch, global_batch_tokens)
     if not 0 < memory_headroom <= 1:
         raise PlanError(f"memory_headroom={memory_headroom} must be in (0, 1]")
-    rejected: list[dict] = []
-    screened: list[tuple[Plan, StepPrediction]] = []
-    for cid, plan, reason in candidate_plans(model, cluster, global_batch=global_batch,
-                                             num_devices=num_devices, dtype=dtype,
-                                             micro_batches=micro_batches, recompute=recompute):
-        if plan is not None:
-            reason = out_of_memory_reason(model, plan, cluster, memory_headroom)
-        if reason:
-            rejected.append({"id": cid, "reason": reason})
-            continue
-        screened.append((plan, estimate(model, plan, cluster)))
-    screened.sort(key=lambda pair: -pair[1].tokens_per_s)
+    exact, most = _device_bounds(cluster, num_devices, max_devices)
+    space = _space(space, micro_batches, recompute)
+    dtype = dtype or cluster.default_dtype
+    t0, c0 = time.perf_counter(), time.process_time()
+    screened, rejected, closest, candidates = screen(
+        model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
+        memory_headroom=memory_headroom, dtype=dtype, overlap_dp=overlap_dp)
+    t1, c1 = time.perf_counter(), time.process_time()
+    # Best first; among equal speeds the plan that needs less memory.
+    screened.sort(key=lambda pair: (-pair[1].tokens_per_s, pair[1].peak_memory_bytes))
+    refined = refine(model, cluster, screened, top_k, overlap_dp)
     rows, plans, preds = [], {}, {}
-    for i, (plan, pred) in enumerate(screened):
+    for plan, pred in screened:
         tier = "estimated"
-        if i < top_k:
-            pred, tier = simulate(model, plan, cluster), "simulated"
+        if plan.id in refined:
+            pred, tier = refined[plan.id], "simulated"
         rows.append(_row(plan, pred, tier))
         plans[plan.id], preds[plan.id] = plan, pred
+    t2 = time.perf_counter()
     ranked = pd.DataFrame(rows, columns=RANKED_COLUMNS)
     if not ranked.empty:
         # Refined rows first (their numbers are the better ones), each tier by tokens/s.
         ranked = ranked.assign(_refined=ranked["tier"] == "simulated").sort_values(
-            ["_refined", "tokens_per_s"], ascending=[False, False], kind="stable"
+            ["_refined", "tokens_per_s", "peak_memory_bytes"], ascending=[False, False, True],
+            kind="stable"
         ).drop(columns="_refined").reset_index(drop=True)
-    return SearchResult(ranked=ranked,
-                        rejected=pd.DataFrame(rejected, columns=REJECTED_COLUMNS),
-                        plans=plans, predictions=preds)
+    rejected_df = pd.DataFrame(rejected, columns=REJECTED_COLUMNS)
+    infeasible = None
+    if ranked.empty and explain:
+        from planner.infeasible import explain_infeasible
+        infeasible = explain_infeasible(
+            model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
+            memory_headroom=memory_headroom, dtype=dtype, closest=closest,
+            rejected=rejected_df)
+    stats = {"candidates": candidates, "estimated": len(screened),
+             "simulated": len(refined), "rejected": len(rejected),
+             "analytical_s": t1 - t0, "simulation_s": t2 - t1, "analytical_cpu_s": c1 - c0,
+             "total_s": time.perf_counter() - t0}
+    return SearchResult(ranked=ranked, rejected=rejected_df, plans=plans, predictions=preds,
+                        infeasible=infeasible, stats=stats)

@@ -265,7 +265,8 @@ class Plan:
 
     @property
     def id(self) -> str:
-        """Canonical plan id, e.g. ``tp2-pp4-dp8-mb1-gb512`` (non-default fields appended)."""
+        """Canonical plan id, e.g. ``tp2-pp4-dp8-mb1-gb512`` (non-default fields appended;
+        a non-default placement as ``place.tp.pp.dp``, innermost axis first)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}",
                  f"gb{self.global_batch}"]
         if self.virtual_stages > 1:
@@ -278,6 +279,8 @@ class Plan:
             parts.append(f"zero{self.zero_stage}")
         if self.sequence_parallel:
             parts.append("sp")
+        if self.placement != MESH_AXES:
+            parts.append("place." + ".".join(self.placement))
         return "-".join(parts)
 
     def replace(self, **changes: object) -> Plan:

@@ -1,0 +1,91 @@
+"""`meshplan launch PLAN.yaml`: print or run one node's torchrun command, or write an sbatch script.
+
+    meshplan launch plan.yaml --nodes 2 --rdzv-endpoint 10.0.0.1:29500            # every node
+    meshplan launch plan.yaml --nodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29500 --run
+    meshplan launch plan.yaml --nodes 64 --slurm train.sbatch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from rich.console import Console
+
+from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
+from planner.spec import PlanError
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def launch_env() -> dict[str, str]:
+    """The environment a launched agent gets: one OpenMP thread unless set, this checkout first
+    on PYTHONPATH (so ``-m runtime.train`` resolves without an install)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
+    console = Console(stderr=bool(args.json))
+    out = {}
+    if args.slurm:
+        port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
+        script = sbatch_script(args.plan, nodes=args.nodes, port=port, steps=args.steps,
+                               out_dir=args.out, data=args.data, time_limit=args.time,
+                               partition=args.partition)
+        Path(args.slurm).write_text(script, encoding="utf-8")
+        console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
+        out["slurm"] = str(args.slurm)
+        if not args.rdzv_endpoint:
+            if args.json:
+                print(json.dumps(out))
+            return 0
+    if not args.rdzv_endpoint:
+        raise PlanError("--rdzv-endpoint HOST:PORT is needed (or --slurm FILE)")
+    ranks = [args.node_rank] if args.node_rank is not None else list(range(args.nodes))
+    if args.run and args.node_rank is None:
+        raise PlanError("--run starts one node's agent; give --node-rank R")
+    commands = [torchrun_node_command(args.plan, nodes=args.nodes, node_rank=r,
+                                      rdzv_endpoint=args.rdzv_endpoint, steps=args.steps,
+                                      out_dir=args.out, data=args.data, rdzv_id=args.rdzv_id)
+                for r in ranks]
+    out["commands"] = [{"node_rank": r, "argv": c, "line": shell_line(c)}
+                       for r, c in zip(ranks, commands, strict=True)]
+    if args.json:
+        print(json.dumps(out))
+    elif not args.run:
+        for r, c in zip(ranks, commands, strict=True):
+            console.print(f"# node {r} of {args.nodes}", highlight=False)
+            print(shell_line(c, {"OMP_NUM_THREADS": "1"}), flush=True)
+    if args.run:
+        return subprocess.run(commands[0], env=launch_env(), check=False).returncode
+    return 0
+
+
+def add_launch_parser(sub) -> None:
+    """Register `launch` on the CLI's subparsers."""
+    sl = sub.add_parser("launch", help="print or run torchrun per node, or write an sbatch "
+                        "script, for a plan file")
+    sl.add_argument("plan", help="plan file (YAML), readable at the same path on every node")
+    sl.add_argument("--nodes", type=int, required=True, help="nodes; each runs world/nodes "
+                    "workers")
+    sl.add_argument("--node-rank", type=int, help="this node (default: print every node)")
+    sl.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (node 0)")
+    sl.add_argument("--rdzv-id", help="job id shared by the nodes (default: the plan id)")
+    sl.add_argument("--steps", type=int, default=10)
+    sl.add_argument("--out", help="run folder (default runs/<plan id>)")
+    sl.add_argument("--data", help="text file to train on")
+    sl.add_argument("--run", action="store_true", help="run this node's command, not print it")
+    sl.add_argument("--slurm", help="write an sbatch script to this file")
+    sl.add_argument("--port", type=int, default=29500, help="rendezvous port in the sbatch "
+                    "script (default 29500)")
+    sl.add_argument("--time", default="01:00:00", help="sbatch --time (default 01:00:00)")
+    sl.add_argument("--partition", help="sbatch --partition")
+    sl.add_argument("--json", action="store_true", help="print the commands as JSON")
+    sl.set_defaults(func=cmd_launch)

@@ -1,0 +1,129 @@
+"""The `plan` command's search options: constraints, fixed fields, CSV output, infeasibility.
+
+    meshplan plan --model llama3-70b --cluster dgx-h100 --nodes 128 \
+        --global-batch-tokens 4194304 --max-devices 1024 --fix tp=8 --fix recompute=none,selective \
+        --memory-headroom 0.9 --csv out/
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from apps.format import fmt_bytes, print_table
+from planner.space import SearchSpace
+from planner.spec import PlanError
+
+_INT_FIELDS = ("tp", "pp", "dp", "micro_batch", "virtual_stages", "zero_stage")
+REJECTED_TABLE = {"id": ("candidate", None), "kind": ("kind", None),
+                  "reason": ("reason", None)}
+CLOSEST_TABLE = {"id": ("plan", None), "peak_memory_bytes": ("needs/device", fmt_bytes),
+                 "usable_bytes": ("usable", fmt_bytes), "over_bytes": ("over", fmt_bytes),
+                 "device_memory_needed_bytes": ("device that fits", fmt_bytes)}
+
+
+def add_plan_options(sp: argparse.ArgumentParser) -> None:
+    """Register the search options on the `plan` subparser."""
+    sp.add_argument("--global-batch-tokens", type=int, help="tokens per step (instead of "
+                    "--global-batch); a multiple of the sequence length")
+    sp.add_argument("--devices", type=int, help="use exactly this many devices (default all)")
+    sp.add_argument("--max-devices", type=int, help="use at most this many devices")
+    sp.add_argument("--memory-headroom", type=float, default=0.95,
+                    help="fraction of device memory a plan may use (default 0.95)")
+    sp.add_argument("--fix", action="append", default=[], metavar="FIELD=V[,V...]",
+                    help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
+                    "schedule, recompute, zero_stage, sequence_parallel, placement "
+                    "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
+    sp.add_argument("--csv", help="write ranked.csv and rejected.csv into this folder")
+    sp.add_argument("--show-rejected", type=int, default=0, metavar="N",
+                    help="print the rejected table: N rows per kind (tp, layers, batch, "
+                    "schedule, devices, memory)")
+
+
+def _value(name: str, text: str) -> object:
+    if name in _INT_FIELDS:
+        try:
+            return int(text)
+        except ValueError:
+            raise PlanError(f"--fix {name}={text!r}: {name} takes integers") from None
+    if name == "sequence_parallel":
+        if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
+            raise PlanError(f"--fix sequence_parallel={text!r}: use true or false")
+        return text.lower() in ("true", "yes", "1")
+    if name == "placement":
+        return tuple(text.split("."))
+    return text
+
+
+def parse_fixed(items: list[str]) -> SearchSpace:
+    """``["tp=8", "recompute=none,full"]`` as a `SearchSpace`.
+
+    Raises:
+        PlanError: no ``=``, an unknown field or an illegal value.
+    """
+    fixed: dict[str, tuple] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not values:
+            raise PlanError(f"--fix {item!r} must look like FIELD=VALUE[,VALUE...]")
+        fixed[name] = tuple(_value(name, v.strip()) for v in values.split(","))
+    return SearchSpace.from_fixed(fixed)
+
+
+def global_batch_of(args: argparse.Namespace, seq_len: int) -> int | None:
+    """Sequences per step from --global-batch or --global-batch-tokens (None: neither given).
+
+    Raises:
+        PlanError: both given, or tokens not a multiple of the sequence length.
+    """
+    tokens = getattr(args, "global_batch_tokens", None)
+    if tokens is None:
+        return args.global_batch
+    if args.global_batch:
+        raise PlanError("give --global-batch or --global-batch-tokens, not both")
+    if tokens < 1 or tokens % seq_len:
+        raise PlanError(f"--global-batch-tokens={tokens} must be a positive multiple of "
+                        f"seq_len={seq_len}")
+    return tokens // seq_len
+
+
+def search_kwargs(args: argparse.Namespace) -> dict:
+    """The `planner.search.search` keywords the options set (absent ones keep the defaults)."""
+    return {"space": parse_fixed(getattr(args, "fix", None) or []),
+            "num_devices": getattr(args, "devices", None),
+            "max_devices": getattr(args, "max_devices", None),
+            "memory_headroom": getattr(args, "memory_headroom", None) or 0.95}
+
+
+def json_extras(result) -> dict:
+    """Extra keys of `plan --json`: ``infeasible`` when nothing fits, else none."""
+    return {"infeasible": result.infeasible.to_dict()} if result.infeasible else {}
+
+
+def report(console: Console, args: argparse.Namespace, result) -> None:
+    """Write --csv files; print the infeasibility answer (human output only)."""
+    if getattr(args, "csv", None):
+        folder = Path(args.csv)
+        folder.mkdir(parents=True, exist_ok=True)
+        result.ranked.to_csv(folder / "ranked.csv", index=False)
+        result.rejected.to_csv(folder / "rejected.csv", index=False)
+        console.print(f"wrote {folder / 'ranked.csv'} and {folder / 'rejected.csv'}",
+                      highlight=False)
+    if args.json:
+        return
+    per_kind = getattr(args, "show_rejected", 0)
+    if per_kind and not result.rejected.empty:
+        shown = result.rejected.groupby("kind", sort=False).head(per_kind)
+        print_table(console, shown, f"rejected ({per_kind} per kind of {len(result.rejected)})",
+                    REJECTED_TABLE)
+    inf = result.infeasible
+    if inf is None:
+        return
+    console.print(f"[bold red]no plan fits:[/] {inf.summary}", highlight=False)
+    if not inf.closest.empty:
+        print_table(console, inf.closest, "closest plans", CLOSEST_TABLE)
+    for line in inf.blocking:
+        console.print(f"  blocked by {line}", highlight=False)

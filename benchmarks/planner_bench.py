@@ -1,0 +1,93 @@
+"""Planner speed: candidates per second of the analytical tier and wall time of full searches.
+
+    python benchmarks/planner_bench.py [--json]
+
+Cases and targets:
+
+- analytical tier: >= 1,000 candidate plans per second on one core (Llama 3 70B on 128 DGX
+  H100 nodes, SimPy tier off); wall-clock rate, with the per-CPU-second rates beside it (the
+  search is single-threaded, so CPU seconds are what one free core would take);
+- MT-NLG 530B (105 layers, hidden 20480, 128 heads; Smith et al. 2022) on 5,120 A100s at its
+  published global batch of 1,920 sequences: the whole search, all 5,120 devices and at most
+  5,120 devices, <= 30 s each;
+- Llama 3 70B on 1,024 H100s at sequence 8,192, global batch 4M tokens (512 sequences),
+  including the SimPy refinement of the best 20: <= 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from planner.presets import load_model  # noqa: E402
+from planner.search import search  # noqa: E402
+from simulator.cluster import load_cluster  # noqa: E402
+
+CASES = [
+    # (name, model, cluster, nodes, search keywords, metric, target)
+    ("analytical tier, llama3-70b on 1024 H100", "llama3-70b", "dgx-h100", 128,
+     {"global_batch": 512, "top_k": 0}, "candidates_per_s", 1000.0),
+    ("mt-nlg-530b on 5120 A100 (all devices)", "mt-nlg-530b", "dgx-a100", 640,
+     {"global_batch": 1920}, "wall_s", 30.0),
+    ("mt-nlg-530b on <= 5120 A100", "mt-nlg-530b", "dgx-a100", 640,
+     {"global_batch": 1920, "max_devices": 5120}, "wall_s", 30.0),
+    ("llama3-70b on 1024 H100, seq 8192, SimPy top 20", "llama3-70b", "dgx-h100", 128,
+     {"global_batch_tokens": 512 * 8192, "top_k": 20}, "wall_s", 10.0),
+]
+
+
+def run_case(model_name: str, cluster_name: str, nodes: int, kwargs: dict) -> dict:
+    """One search, timed from the model and cluster load to the ranked table."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    model = load_model(model_name)
+    cluster = load_cluster(cluster_name, nodes=nodes)
+    result = search(model, cluster, **kwargs)
+    wall = time.perf_counter() - start
+    stats = result.stats
+    best = result.ranked.iloc[0] if not result.ranked.empty else None
+    return {"wall_s": wall, "candidates": stats["candidates"],
+            "estimated": stats["estimated"], "simulated": stats["simulated"],
+            "analytical_s": stats["analytical_s"], "simulation_s": stats["simulation_s"],
+            "candidates_per_s": stats["candidates"] / stats["analytical_s"],
+            "candidates_per_cpu_s": stats["candidates"] / stats["analytical_cpu_s"],
+            "estimates_per_cpu_s": stats["estimated"] / stats["analytical_cpu_s"],
+            "cpu_s": time.process_time() - cpu_start,
+            "best": None if best is None else best["id"],
+            "best_mfu": None if best is None else float(best["mfu"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    rows, ok = [], True
+    for name, model, cluster, nodes, kwargs, metric, target in CASES:
+        row = {"case": name, **run_case(model, cluster, nodes, kwargs), "metric": metric,
+               "target": target}
+        row["pass"] = (row[metric] >= target if metric == "candidates_per_s"
+                       else row[metric] <= target)
+        ok &= row["pass"]
+        rows.append(row)
+        if not args.json:
+            print(f"{name}: {row['candidates']:,} candidates ({row['estimated']:,} fit, "
+                  f"{row['simulated']} simulated), {row['candidates_per_s']:,.0f} candidates/s "
+                  f"analytical ({row['candidates_per_cpu_s']:,.0f} per CPU-s, "
+                  f"{row['estimates_per_cpu_s']:,.0f} estimates per CPU-s), wall "
+                  f"{row['wall_s']:.2f} s, CPU {row['cpu_s']:.2f} s (analytical "
+                  f"{row['analytical_s']:.2f} s, SimPy {row['simulation_s']:.2f} s); "
+                  f"best {row['best']} MFU {100 * (row['best_mfu'] or 0):.1f}%; target "
+                  f"{metric} {'>=' if metric == 'candidates_per_s' else '<='} {target:g}: "
+                  f"{'PASS' if row['pass'] else 'FAIL'}", flush=True)
+    if args.json:
+        print(json.dumps({"cpu_count": os.cpu_count(), "cases": rows}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

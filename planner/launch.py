@@ -1,0 +1,138 @@
+"""Launch commands for a plan file: one `torchrun` command per node, and a Slurm batch script.
+
+Every node runs one torchrun agent with ``world_size / nodes`` workers; the agents meet at a
+c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HOST:PORT``), which hosts the store the
+workers of `runtime.train` share. The same plan file must be readable on every node.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from planner.planfile import read_plan_file
+from planner.spec import PlanError
+
+#: The module every worker runs.
+TRAIN_MODULE = "runtime.train"
+
+
+def procs_per_node(world_size: int, nodes: int) -> int:
+    """Workers per node: world_size / nodes.
+
+    >>> procs_per_node(16, 2)
+    8
+
+    Raises:
+        PlanError: nodes is not positive or does not divide the world size.
+    """
+    if nodes < 1:
+        raise PlanError(f"nodes={nodes} must be a positive integer")
+    if world_size % nodes:
+        choices = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise PlanError(f"the plan's world_size tp*pp*dp = {world_size} does not split over "
+                        f"nodes={nodes}; use nodes in {choices}")
+    return world_size // nodes
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` as (host, port).
+
+    >>> parse_endpoint("10.0.0.1:29500")
+    ('10.0.0.1', 29500)
+
+    Raises:
+        PlanError: no port, or a port outside 1..65535.
+    """
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PlanError(f"rdzv endpoint {endpoint!r} must be HOST:PORT with a port in 1..65535")
+    return host, int(port)
+
+
+def _train_args(plan_path: str, steps: int, out_dir: str, data: str | None) -> list[str]:
+    args = ["-m", TRAIN_MODULE, plan_path, "--steps", str(steps), "--out", out_dir]
+    return args + (["--data", data] if data else [])
+
+
+def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
+                          rdzv_endpoint: str, steps: int = 10, out_dir: str | Path | None = None,
+                          data: str | Path | None = None, rdzv_id: str | None = None,
+                          launcher: list[str] | None = None) -> list[str]:
+    """The torchrun command line of node ``node_rank`` of ``nodes``.
+
+    Args:
+        plan_path: the plan file (the same path must exist on every node).
+        rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (node 0's address, typically).
+        out_dir: run folder written by global rank 0 (default ``runs/<plan id>``).
+        rdzv_id: job id shared by all nodes (default: the plan id).
+        launcher: the torchrun executable as a list (default ``python -m torch.distributed.run``
+            with this interpreter).
+    Raises:
+        PlanError: the plan file is invalid, nodes does not divide its world size, node_rank
+            is outside [0, nodes), or the endpoint is malformed.
+    """
+    pf = read_plan_file(plan_path)
+    nproc = procs_per_node(pf.plan.world_size, nodes)
+    if not 0 <= node_rank < nodes:
+        raise PlanError(f"node_rank={node_rank} must be in [0, nodes={nodes})")
+    parse_endpoint(rdzv_endpoint)
+    out = str(out_dir) if out_dir is not None else str(Path("runs") / pf.plan.id)
+    launcher = launcher or [sys.executable, "-m", "torch.distributed.run"]
+    return [*launcher, "--nnodes", str(nodes), "--node-rank", str(node_rank),
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id or pf.plan.id,
+            *_train_args(str(plan_path), steps, out, str(data) if data else None)]
+
+
+def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps: int = 10,
+                  out_dir: str | Path | None = None, data: str | Path | None = None,
+                  job_name: str | None = None, time_limit: str = "01:00:00",
+                  partition: str | None = None) -> str:
+    """A Slurm batch script that trains ``plan_path`` on ``nodes`` nodes.
+
+    One task per node runs torchrun with ``world_size / nodes`` workers (and as many GPUs);
+    the first node of the allocation hosts the c10d rendezvous on ``port``.
+
+    Raises:
+        PlanError: as `torchrun_node_command`.
+    """
+    pf = read_plan_file(plan_path)
+    gpus = procs_per_node(pf.plan.world_size, nodes)
+    if not 0 < port < 65536:
+        raise PlanError(f"port={port} must be in 1..65535")
+    plan_id = pf.plan.id
+    out = str(out_dir) if out_dir is not None else f"runs/{plan_id}"
+    train = " ".join(shlex.quote(a) for a in _train_args(
+        str(plan_path), steps, out, str(data) if data else None))
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={job_name or plan_id}",
+             f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gpus-per-node={gpus}",
+             f"#SBATCH --time={time_limit}"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += [
+        f"#SBATCH --output={job_name or plan_id}-%j.out",
+        "",
+        f"# {plan_id} of {pf.model.name}: tp*pp*dp = {pf.plan.tp}*{pf.plan.pp}*{pf.plan.dp} = "
+        f"{pf.plan.world_size} workers, {gpus} per node",
+        "set -euo pipefail",
+        'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export RDZV_PORT={port}",
+        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        "# single-quoted: each task expands its own $SLURM_NODEID",
+        "srun bash -c " + shlex.quote(
+            'exec torchrun --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
+            f'--nproc-per-node {gpus} --rdzv-backend c10d --rdzv-endpoint '
+            f'"$RDZV_HOST:$RDZV_PORT" --rdzv-id "$SLURM_JOB_ID" {train}'),
+        ""]
+    return "\n".join(lines)
+
+
+def shell_line(command: list[str], env: dict[str, str] | None = None) -> str:
+    """``command`` as one copy-pasteable shell line, with ``env`` assignments in front."""
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join(prefix + [shlex.quote(a) for a in command])

@@ -1,0 +1,300 @@
+"""The search space of the planner and the legal candidates in it, each illegal one with a reason.
+
+`SearchSpace` names the values each plan field may take (None: the planner's default range;
+one value: a fixed field). `enumerate_candidates` walks tp × pp × dp splits of the devices, then
+virtual stages, micro-batch sizes, recomputation, ZeRO stage, sequence parallelism and placement,
+checking legality with integer arithmetic before it builds a `Plan`. A rule that fails for a
+whole branch (tp does not divide the heads, the layers do not split over pp·v, dp·micro_batch
+does not divide the global batch, the interleaved schedule refuses the micro-batch count) gives
+one rejected row for that branch, named by the fields it fixes (``tp16-pp1-dp8``), with the
+message `Plan` / `check_plan` would raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner.spec import (
+    MESH_AXES,
+    ModelSpec,
+    Plan,
+    PlanError,
+    Recompute,
+    Schedule,
+    ZeroStage,
+    _choices,
+    divisors,
+)
+
+#: Placements searched by default: tp innermost (inside the NVSwitch domain), then dp or pp.
+DEFAULT_PLACEMENTS: tuple[tuple[str, ...], ...] = (("tp", "dp", "pp"), ("tp", "pp", "dp"))
+#: Largest micro-batch and virtual-stage count searched by default.
+MAX_MICRO_BATCH = 8
+MAX_VIRTUAL_STAGES = 8
+
+_FIELDS = ("tp", "pp", "dp", "micro_batch", "virtual_stages", "schedule", "recompute",
+           "zero_stage", "sequence_parallel", "placement")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """Values each plan field may take; None means the planner's default range.
+
+    Attributes:
+        tp: default: the divisors of the devices per node (Megatron keeps tensor parallelism
+            inside the NVLink domain, Narayanan et al. 2021 §3.3) that divide the device count.
+        pp: default: every divisor of devices / tp up to the layer count.
+        dp: default: what is left, devices / (tp·pp) (exact device count), or every divisor of
+            the global batch (``max_devices``).
+        micro_batch: default: every divisor of global_batch / dp up to `MAX_MICRO_BATCH`.
+        virtual_stages: model chunks per pipeline rank for the interleaved schedule; default:
+            every v in [2, `MAX_VIRTUAL_STAGES`] that splits the stage's layers evenly.
+        schedule: default ("1f1b", "interleaved-1f1b").
+        recompute: default ("none", "selective", "full").
+        zero_stage: default (0, 1, 2, 3) when dp > 1 (ZeRO-3 is FSDP).
+        sequence_parallel: default (False, True) when tp > 1.
+        placement: default `DEFAULT_PLACEMENTS` when both dp and pp exceed 1.
+    """
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    virtual_stages: tuple[int, ...] | None = None
+    schedule: tuple[Schedule, ...] | None = None
+    recompute: tuple[Recompute, ...] | None = None
+    zero_stage: tuple[ZeroStage, ...] | None = None
+    sequence_parallel: tuple[bool, ...] | None = None
+    placement: tuple[tuple[str, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _FIELDS:
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if name == "placement":
+                values = tuple(tuple(v) for v in values)
+            else:
+                values = tuple(values)
+            object.__setattr__(self, name, values)
+            if not values:
+                raise PlanError(f"{name}=() allows nothing; give at least one value or None")
+            for value in values:
+                _check_value(name, value)
+
+    @classmethod
+    def from_fixed(cls, fixed: dict[str, object]) -> SearchSpace:
+        """A space from ``{field: value or values}``, e.g. ``{"tp": 8, "recompute": ("full",)}``.
+
+        Raises:
+            PlanError: an unknown field or an illegal value.
+        """
+        unknown = sorted(set(fixed) - set(_FIELDS))
+        if unknown:
+            raise PlanError(f"unknown search field(s) {unknown}; known fields are "
+                            f"{list(_FIELDS)}")
+        data = {}
+        for name, value in fixed.items():
+            single = isinstance(value, (int, str, bool)) or (
+                name == "placement" and value and isinstance(value[0], str))
+            data[name] = (value,) if single else tuple(value)
+        return cls(**data)
+
+    def fixed(self) -> dict[str, tuple]:
+        """The fields this space restricts, with their allowed values."""
+        return {n: getattr(self, n) for n in _FIELDS if getattr(self, n) is not None}
+
+    def replace(self, **changes: object) -> SearchSpace:
+        """A copy with some fields changed (None frees a field)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_value(name: str, value: object) -> None:
+    if name == "placement":
+        if tuple(sorted(value)) != tuple(sorted(MESH_AXES)):
+            raise PlanError(f"placement={list(value)} must order each of {list(MESH_AXES)} "
+                            f"exactly once, innermost first")
+        return
+    if name == "sequence_parallel":
+        if not isinstance(value, bool):
+            raise PlanError(f"sequence_parallel={value!r} must be True or False")
+        return
+    literal = {"schedule": Schedule, "recompute": Recompute, "zero_stage": ZeroStage}.get(name)
+    if literal is not None:
+        if value not in _choices(literal):
+            raise PlanError(f"{name}={value!r} is not one of {list(_choices(literal))}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{name}={value!r} must be a positive integer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejection:
+    """One rejected branch of the space: ``id`` names the fields it fixes."""
+
+    id: str
+    reason: str
+    kind: str
+
+
+def tp_reason(model: ModelSpec, tp: int) -> str:
+    """'' if tp divides the heads, KV heads and ffn width, else `check_plan`'s message."""
+    for field, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
+                         ("ffn_hidden", model.ffn_hidden)):
+        if value % tp:
+            legal = divisors(math.gcd(model.num_heads, model.num_kv_heads, model.ffn_hidden))
+            return f"tp={tp} does not divide {field}={value}; use tp in {legal}"
+    return ""
+
+
+def layers_reason(model: ModelSpec, pp: int, v: int) -> str:
+    """'' if the layers split evenly over pp·v chunks, else `Plan.layers_per_stage`'s message."""
+    if model.num_layers % (pp * v) == 0:
+        return ""
+    return (f"num_layers={model.num_layers} does not split over pp*virtual_stages = "
+            f"{pp}*{v} = {pp * v}; give stage_layers explicitly or use pp*virtual_stages in "
+            f"{divisors(model.num_layers)}")
+
+
+def batch_reason(global_batch: int, dp: int, mb: int) -> str:
+    """'' if dp·micro_batch divides the global batch, else `Plan`'s message."""
+    per_step = dp * mb
+    if global_batch % per_step == 0:
+        return ""
+    return (f"global_batch={global_batch} is not divisible by dp*micro_batch = {dp}*{mb} = "
+            f"{per_step}; use global_batch a multiple of {per_step}")
+
+
+def interleaved_reason(pp: int, num_microbatches: int) -> str:
+    """'' if the interleaved 1F1B schedule accepts m micro-batches on pp stages (Megatron-LM
+    needs m % pp == 0), else `Plan`'s message."""
+    if pp == 1 or num_microbatches % pp == 0:
+        return ""
+    return (f"schedule='interleaved-1f1b' needs the micro-batch count ({num_microbatches}) to "
+            f"be a multiple of pp={pp}")
+
+
+def splits(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
+           num_devices: int | None, max_devices: int | None, global_batch: int
+           ) -> Iterator[tuple[int, int, int] | Rejection]:
+    """Every (tp, pp, dp) of the space: tp·pp·dp == num_devices, or <= max_devices.
+
+    A fixed tp, pp or dp that cannot fill the devices gives a `Rejection` instead.
+    """
+    exact = num_devices is not None
+    n = num_devices if exact else max_devices
+    tps = space.tp or tuple(d for d in divisors(devices_per_node) if d <= n)
+    for tp in tps:
+        if (n % tp if exact else tp > n):
+            yield Rejection(id=f"tp{tp}", kind="devices", reason=(
+                f"tp={tp} does not divide num_devices={n}" if exact
+                else f"tp={tp} > max_devices={n}"))
+            continue
+        rest = n // tp
+        pps = space.pp or tuple(d for d in divisors(rest) if d <= model.num_layers
+                                and (exact or model.num_layers % d == 0))
+        for pp in pps:
+            if (rest % pp if exact else pp > rest):
+                yield Rejection(id=f"tp{tp}-pp{pp}", kind="devices", reason=(
+                    f"tp*pp = {tp}*{pp} = {tp * pp} does not divide num_devices={n}" if exact
+                    else f"tp*pp = {tp}*{pp} = {tp * pp} > max_devices={n}"))
+                continue
+            dps = (rest // pp,) if exact else (space.dp or tuple(divisors(global_batch)))
+            if exact and space.dp is not None and dps[0] not in space.dp:
+                for dp in space.dp:
+                    yield Rejection(id=f"tp{tp}-pp{pp}-dp{dp}", kind="devices", reason=(
+                        f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != num_devices({n})"))
+                continue
+            for dp in dps:
+                if tp * pp * dp <= n:
+                    yield tp, pp, dp
+                elif space.dp is not None:
+                    yield Rejection(id=f"tp{tp}-pp{pp}-dp{dp}", kind="devices", reason=(
+                        f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} > max_devices={n}"))
+
+
+def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:
+    # (schedule, virtual_stages) pairs; explicit v values are kept so their rejection shows.
+    schedules = space.schedule or ("1f1b", "interleaved-1f1b")
+    out = []
+    for schedule in schedules:
+        if schedule != "interleaved-1f1b":
+            out.append((schedule, 1))
+        elif pp > 1:
+            vs = space.virtual_stages or tuple(
+                v for v in range(2, MAX_VIRTUAL_STAGES + 1)
+                if model.num_layers % (pp * v) == 0)
+            out += [(schedule, v) for v in vs]
+    return out
+
+
+def enumerate_candidates(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
+                         global_batch: int, dtype: str, num_devices: int | None = None,
+                         max_devices: int | None = None) -> Iterator[Plan | Rejection]:
+    """Every plan of ``space`` (a `Plan`) and every rejected branch (a `Rejection`).
+
+    Exactly one of ``num_devices`` (use all of them) and ``max_devices`` (use at most that
+    many) is given.
+    """
+    if (num_devices is None) == (max_devices is None):
+        raise PlanError("give exactly one of num_devices and max_devices")
+    mbs_fixed = space.micro_batch
+    for item in splits(model, space, devices_per_node=devices_per_node,
+                             num_devices=num_devices, max_devices=max_devices,
+                             global_batch=global_batch):
+        if isinstance(item, Rejection):
+            yield item
+            continue
+        tp, pp, dp = item
+        split_id = f"tp{tp}-pp{pp}-dp{dp}"
+        reason = tp_reason(model, tp)
+        if reason:
+            yield Rejection(id=split_id, reason=reason, kind="tp")
+            continue
+        reason = layers_reason(model, pp, 1)
+        if reason:
+            yield Rejection(id=split_id, reason=reason, kind="layers")
+            continue
+        if global_batch % dp:
+            yield Rejection(id=f"{split_id}-gb{global_batch}",
+                            reason=batch_reason(global_batch, dp, 1), kind="batch")
+            continue
+        per_replica = global_batch // dp
+        mbs = mbs_fixed or tuple(d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH)
+        sps = space.sequence_parallel or ((False, True) if tp > 1 else (False,))
+        sps = tuple(sp for sp in sps if tp > 1 or not sp)
+        zeros = space.zero_stage or (0, 1, 2, 3)
+        if dp == 1 and 0 in zeros:
+            zeros = (0,)  # nothing to shard over: every ZeRO stage is plain data parallel
+        places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
+                                     else (MESH_AXES,))
+        rcs = space.recompute or ("none", "selective", "full")
+        for schedule, v in _virtual(model, space, pp):
+            if v > 1:
+                reason = layers_reason(model, pp, v)
+                if reason:
+                    yield Rejection(id=f"{split_id}-v{v}", reason=reason, kind="layers")
+                    continue
+            for mb in mbs:
+                mb_id = f"{split_id}-mb{mb}-gb{global_batch}"
+                if per_replica % mb:
+                    yield Rejection(id=mb_id, reason=batch_reason(global_batch, dp, mb),
+                                    kind="batch")
+                    continue
+                if schedule == "interleaved-1f1b":
+                    reason = interleaved_reason(pp, per_replica // mb)
+                    if reason:
+                        yield Rejection(id=f"{mb_id}-v{v}", reason=reason, kind="schedule")
+                        continue
+                for rc in rcs:
+                    for zero in zeros:
+                        for sp in sps:
+                            for place in places:
+                                yield Plan(tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                           global_batch=global_batch, schedule=schedule,
+                                           virtual_stages=v, recompute=rc, zero_stage=zero,
+                                           sequence_parallel=sp, dtype=dtype,
+                                           placement=place)
