@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.spec import ModelSpec
+from runtime.attention import flash_attention
 
 #: Standard deviation of the normal init of matrices and embeddings (GPT-2).
 INIT_STD = 0.02
@@ -32,11 +33,26 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden, eps=1e-5)
 
 
-class Attention(nn.Module):
-    """Causal multi-head attention with grouped-query KV heads (repeated to match the queries)."""
+#: Attention implementations: PyTorch's fused SDPA (the default fast path on CPU) or our tiled
+#: FlashAttention-2 kernel (`runtime.attention`; its Triton kernel on CUDA).
+ATTENTION_IMPLS = ("sdpa", "tiled")
 
-    def __init__(self, spec: ModelSpec) -> None:
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped-query KV heads.
+
+    Args:
+        spec: the model.
+        impl: "sdpa" (``F.scaled_dot_product_attention``; KV heads repeated to match the query
+            heads) or "tiled" (`runtime.attention.flash_attention`, which reads the shared KV
+            heads directly).
+    """
+
+    def __init__(self, spec: ModelSpec, impl: str = "sdpa") -> None:
         super().__init__()
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention={impl!r} is not one of {list(ATTENTION_IMPLS)}")
+        self.impl = impl
         self.head_dim = spec.head_dim
         self.wq = nn.Linear(spec.hidden, spec.hidden, bias=False)
         self.wk = nn.Linear(spec.hidden, spec.kv_hidden, bias=False)
@@ -50,6 +66,9 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, -1, d).transpose(1, 2)     # (B, a, T, d)
         k = self.wk(x).view(b, t, -1, d).transpose(1, 2)     # (B, k, T, d)
         v = self.wv(x).view(b, t, -1, d).transpose(1, 2)     # (B, k, T, d)
+        if self.impl == "tiled":
+            o = flash_attention(q, k, v, causal=True)         # (B, a, T, d)
+            return self.wo(o.transpose(1, 2).reshape(b, t, -1))
         groups = q.shape[1] // k.shape[1]
         if groups > 1:                                        # GQA: repeat each KV head
             k = k.repeat_interleave(groups, dim=1)            # (B, a, T, d)
@@ -79,10 +98,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(attn_norm(x))``, then ``x + mlp(ffn_norm(x))``."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa") -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = Attention(spec)
+        self.attn = Attention(spec, attention)
         self.ffn_norm = _norm(spec)
         self.mlp = MLP(spec)
 
@@ -101,14 +120,17 @@ class Transformer(nn.Module):
     Args:
         spec: the model.
         seed: seeds the parameter init (independent of the global torch RNG).
+        attention: "sdpa" or "tiled" (see `Attention`); the parameters do not depend on it.
+    Raises:
+        ValueError: unknown ``attention``.
     """
 
-    def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
+    def __init__(self, spec: ModelSpec, seed: int = 0, attention: str = "sdpa") -> None:
         super().__init__()
         self.spec = spec
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, attention) for i in range(spec.num_layers)})
         self.norm = _norm(spec)
         self.out = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.tied_embeddings:

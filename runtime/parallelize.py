@@ -1,16 +1,20 @@
-"""Apply a plan's TP, PP and DP to a `Transformer` with torch.distributed's own building blocks.
+"""Apply a plan's TP, PP, DP and recomputation to a `Transformer` with torch.distributed's own
+building blocks.
 
 Composable, in torchtitan's order: `build_mesh` -> `apply_pp` (split into stages; each stage
 module goes through `apply_tp`, `apply_recompute` and `apply_dp` before it is wrapped in a
 ``PipelineStage``). Without pipelining the same three apply to the whole model.
 
-- TP: DTensor ``parallelize_module``; column-parallel wq/wk/wv/w1/w3, row-parallel wo/w2. The
-  embeddings, norms and the output projection stay replicated in this first version.
+- TP: DTensor ``parallelize_module``; column-parallel wq/wk/wv/w1/w3, row-parallel wo/w2,
+  vocabulary-parallel embedding and output projection (and loss, via ``loss_parallel``),
+  sequence parallelism of the norms when the plan asks for it.
 - PP: ``torch.distributed.pipelining`` ``PipelineStage`` over stage modules made by deleting the
-  layers a stage does not own; GPipe, 1F1B or interleaved 1F1B schedules.
+  layers a stage does not own (even or ``plan.stage_layers`` splits); GPipe, 1F1B or
+  interleaved 1F1B schedules. Tied embeddings: `sum_tied_embedding_grads` (hand-written).
 - DP: DDP for models without DTensor parameters; FSDP2 ``fully_shard`` on the dp sub-mesh when
   the model is tensor parallel (DDP on a TP model fails in torch 2.13: "c10d.broadcast_.default
   does not have a sharding strategy") or when the plan asks for ZeRO (zero_stage > 0).
+- Recomputation: ``checkpoint_wrapper`` per block, full or selective.
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -72,21 +79,59 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> Transformer:
-    """Megatron-style tensor parallelism of every block present on ``model`` (in place).
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False,
+             loss_parallel: bool = False) -> Transformer:
+    """Megatron-style tensor parallelism of ``model`` (in place; a whole model or a stage).
 
-    Attention heads and MLP columns are split over ``tp_mesh``: wq/wk/wv/w1/w3 column-parallel
-    (output Shard(-1): local heads / local ffn columns), wo/w2 row-parallel (all-reduce to a
-    replicated (B, T, h) output). Needs tp to divide num_heads, num_kv_heads and ffn_hidden
-    (`planner.spec.check_plan`).
+    Every block: wq/wk/wv/w1/w3 column-parallel (local heads / local ffn columns), wo/w2
+    row-parallel. Vocabulary parallelism: ``tok`` is row-parallel (each rank holds V/tp rows of
+    the table and the partial lookups are summed), ``out`` column-parallel (V/tp logits per
+    rank). With ``loss_parallel`` the logits stay a DTensor sharded on the vocabulary dim and the
+    cross entropy runs under ``torch.distributed.tensor.parallel.loss_parallel`` (no all-gather
+    of the (B, T, V) logits); otherwise they are all-gathered (pipeline stages pass plain
+    tensors). Sequence parallelism (Korthikanti et al. 2022): the norms run on Shard(1)
+    activations (B, T/tp, h), wo/w2 reduce-scatter instead of all-reduce, and the attention /
+    MLP inputs are all-gathered back to (B, T, h). Tied embeddings keep ``tok``/``out``
+    replicated (one matrix cannot be sharded by both plans). Needs tp to divide the heads, the
+    KV heads, ffn_hidden and (for vocabulary parallelism) vocab_size.
     """
+    sp = sequence_parallel
+    act = Shard(1) if sp else Replicate()                     # layout between blocks
     for block in model.layers.values():
+        block = getattr(block, "_checkpoint_wrapped_module", block)
         plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
-                "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(),
-                "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel()}
+                "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(output_layouts=act),
+                "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel(output_layouts=act)}
         if block.mlp.w3 is not None:
             plan["mlp.w3"] = ColwiseParallel()
+        if sp:
+            plan |= {"attn_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                     "attn": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                desired_input_layouts=(Replicate(),)),
+                     "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
+                                               desired_input_layouts=(Replicate(),))}
         parallelize_module(block, tp_mesh, plan)
+    vocab_parallel = model.spec.vocab_size % tp_mesh.size() == 0 and not model.spec.tied_embeddings
+    root: dict = {}
+    if model.tok is not None and vocab_parallel:
+        root["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act)
+    if model.tok is not None and sp:
+        # positions (T,) -> (T/tp, h): each rank adds the rows of its own sequence shard
+        root["pos"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+        if not vocab_parallel:
+            root["tok"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                              desired_output_layouts=Shard(1))
+    if model.norm is not None and sp:
+        root["norm"] = SequenceParallel()
+    if model.out is not None and vocab_parallel:
+        root["out"] = ColwiseParallel(input_layouts=act,
+                                      output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                      use_local_output=not loss_parallel)
+    elif model.out is not None and sp:                       # replicated head: full sequence
+        root["out"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                         desired_input_layouts=(Replicate(),))
+    if root:
+        parallelize_module(model, tp_mesh, root)
     return model
 
 
@@ -141,19 +186,22 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int = 0) -> n
     return model
 
 
-def split_for_stage(model: Transformer, plan: Plan, stage_index: int) -> Transformer:
+def split_for_stage(model: Transformer, plan: Plan, stage_index: int, *,
+                    allow_tied: bool = False) -> Transformer:
     """Keep only pipeline chunk ``stage_index``'s layers of ``model`` (in place), torchtitan-style.
 
     Chunk sizes come from ``plan.layers_per_stage``; the first chunk keeps ``tok``/``pos``, the
     last keeps ``norm``/``out``; the rest are set to None. Layer keys keep their global numbers.
 
     Raises:
-        PlanError: the model ties its embeddings (the tied matrix would live on two stages, whose
-            gradients this version does not sum).
+        PlanError: the model ties its embeddings and ``allow_tied`` is False: the tied matrix
+            then lives on two stages, whose gradients the caller must sum
+            (`sum_tied_embedding_grads`, which `apply_pp` sets up).
     """
-    if model.spec.tied_embeddings:
-        raise PlanError("pp > 1 with tied_embeddings=True is not supported yet; "
-                        "use pp=1 or an untied model")
+    if model.spec.tied_embeddings and not allow_tied:
+        raise PlanError("pp > 1 with tied_embeddings=True needs the first and last stages' "
+                        "embedding gradients summed; split through apply_pp, or use pp=1 or "
+                        "an untied model")
     sizes = plan.layers_per_stage(model.spec)
     first = sum(sizes[:stage_index])
     keep = {str(i) for i in range(first, first + sizes[stage_index])}
@@ -189,7 +237,7 @@ def apply_pp(model: Transformer, plan: Plan, pp_mesh: DeviceMesh,
     stages, modules = [], []
     for chunk in range(plan.virtual_stages):
         index = pp_rank + chunk * plan.pp
-        module = split_for_stage(copy.deepcopy(model), plan, index)
+        module = split_for_stage(copy.deepcopy(model), plan, index, allow_tied=True)
         module = parallelize_fn(module) if parallelize_fn is not None else module
         modules.append(module)
         stages.append(PipelineStage(module, index, num_chunks, device, group=pp_mesh.get_group()))
@@ -199,6 +247,42 @@ def apply_pp(model: Transformer, plan: Plan, pp_mesh: DeviceMesh,
     else:
         schedule = schedule_cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
     return stages, schedule, modules
+
+
+def tied_embedding_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:
+    """The {first, last pipeline rank} group of this rank's (dp, tp) coordinate, or None.
+
+    ``new_group`` is collective: every rank creates every pair, in the same order.
+    """
+    names = list(mesh.mesh_dim_names)
+    pp = mesh.mesh.shape[names.index("pp")]
+    ranks = mesh.mesh.movedim(names.index("pp"), 0).reshape(pp, -1)      # (pp, dp·tp)
+    mine = None
+    for column in range(ranks.shape[1]):
+        pair = [int(ranks[0, column]), int(ranks[-1, column])]
+        group = dist.new_group(pair)
+        if dist.get_rank() in pair:
+            mine = group
+    return mine
+
+
+def sum_tied_embedding_grads(modules: list[nn.Module], group: dist.ProcessGroup | None) -> None:
+    """Sum the tied matrix's gradients over the first stage (``tok.weight``, the embedding) and
+    the last stage (``out.weight``, the output projection), so both copies take the same step,
+    exactly as one shared parameter would (Megatron-LM's embedding group does the same).
+
+    torch.distributed.pipelining has no notion of parameters shared across stages, hence this
+    one all-reduce per step. Works on plain, DDP-averaged and FSDP-sharded gradients alike (the
+    two stages of one (dp, tp) coordinate hold the same shard).
+    """
+    if group is None:
+        return
+    for module in modules:
+        for name, p in module.named_parameters():
+            if p.grad is not None and name.removeprefix("module.") in ("tok.weight",
+                                                                      "out.weight"):
+                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(grad, group=group)
 
 
 @contextlib.contextmanager

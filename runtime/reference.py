@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from planner.spec import ModelSpec, Plan
 from runtime.data import ByteBatches, read_corpus
 from runtime.model import Transformer, cross_entropy_loss
@@ -17,7 +19,14 @@ from runtime.train import make_optimizer
 
 def reference_losses(model_spec: ModelSpec, plan: Plan, steps: int,
                      data: str | os.PathLike | None = None, seed: int = 0) -> list[float]:
-    """Train ``steps`` steps in one process (fp32) and return the loss of each step.
+    """The losses of `reference_run` (see there)."""
+    return reference_run(model_spec, plan, steps, data, seed)[0]
+
+
+def reference_run(model_spec: ModelSpec, plan: Plan, steps: int,
+                  data: str | os.PathLike | None = None, seed: int = 0
+                  ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train ``steps`` steps in one process (fp32); return each step's loss and the parameters.
 
     Uses ``plan.global_batch`` only: every step trains on the same global batch a distributed
     run of ``plan`` sees (`runtime.data.ByteBatches`), as one (B, T) batch.
@@ -29,8 +38,9 @@ def reference_losses(model_spec: ModelSpec, plan: Plan, steps: int,
         data: text file to train on; None for the standard-library corpus.
         seed: seeds the init and the data order (as ``runtime.train --seed``).
     Returns:
-        Mean cross-entropy (nats per token) over each step's global batch, before that step's
-        update.
+        (mean cross-entropy (nats per token) over each step's global batch, before that step's
+        update; ``{name: tensor}`` of the parameters after the last update, named as
+        ``Transformer.named_parameters`` and as ``runtime.train --save-params`` writes them).
     Raises:
         FileNotFoundError / ValueError: ``data`` is missing or shorter than one sequence.
     """
@@ -46,4 +56,4 @@ def reference_losses(model_spec: ModelSpec, plan: Plan, steps: int,
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    return losses
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -1,23 +1,29 @@
-"""Distributed runs train exactly the single-process model: DP=2, TP=2 and PP=2 under torchrun.
+"""Every plan kind trains exactly the single-process model: each torchrun launch runs 10 steps.
 
-The single-process run (`runtime.reference.reference_losses`: one process, the whole global
+The single-process run (`runtime.reference.reference_run`: one process, the whole global
 batch in one forward, no DTensor, no process group) is the independent reference. Every step's
 loss of every plan must match it within a relative 1e-4 (fp32; AdamW amplifies float noise of
-the reduction order a little each step).
+the reduction order a little each step), and so must every parameter after the last optimizer
+step (``--save-params``: full tensors gathered to rank 0): ``||p - p_ref|| <= 1e-4 ·
+max(||p_ref||, 1)`` per tensor (Frobenius norms; the floor keeps near-zero biases from turning
+float noise into a large relative error, as Adam updates elements whose gradient is pure noise
+by a sizeable fraction of the learning rate).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 
 from runtime.launch import run_plan
-from runtime.reference import reference_losses
+from runtime.reference import reference_run
 
-STEPS = 5
+STEPS = 10
 REL_TOL = 1e-4
 
 
@@ -27,9 +33,35 @@ def assert_same_losses(measured: list[float], reference: list[float]) -> None:
         assert got == pytest.approx(want, rel=REL_TOL), f"step {step}: {got} vs {want}"
 
 
+def assert_same_params(path, reference: dict[str, torch.Tensor]) -> None:
+    measured = torch.load(path)
+    assert sorted(measured) == sorted(reference)
+    for name, want in reference.items():
+        err = float((measured[name] - want).norm())
+        scale = max(float(want.norm()), 1.0)
+        assert err <= REL_TOL * scale, f"{name}: error norm {err:.3g} vs {REL_TOL} x {scale:.3g}"
+
+
 @pytest.fixture(scope="module")
-def reference(tiny_model, tiny_plan) -> list[float]:
-    return reference_losses(tiny_model(), tiny_plan(), STEPS)
+def reference_state(tiny_model, tiny_plan) -> tuple[list[float], dict[str, torch.Tensor]]:
+    return reference_run(tiny_model(), tiny_plan(), STEPS)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_state) -> list[float]:
+    return reference_state[0]
+
+
+def run_and_compare(write_plan, tmp_path, name, plan, reference_state, *, model=None,
+                    timeout_s=180, **options) -> dict:
+    """Train ``plan`` for STEPS steps; assert losses and final parameters match the reference."""
+    path = write_plan(name, plan, model)
+    params = tmp_path / f"{name}.pt"
+    summary = run_plan(path, steps=STEPS, out_dir=tmp_path / name, quiet=True,
+                       timeout_s=timeout_s, save_params=params, **options)
+    assert_same_losses(summary["losses"], reference_state[0])
+    assert_same_params(params, reference_state[1])
+    return summary
 
 
 @pytest.mark.parametrize("name, changes", [
@@ -38,40 +70,66 @@ def reference(tiny_model, tiny_plan) -> list[float]:
     # 4 micro-batches of 2 through 2 stages
     pytest.param("pp2-1f1b", {"pp": 2, "schedule": "1f1b"}, id="pp2-1f1b"),
 ])
-def test_two_rank_plan_matches_single_process(write_plan, tiny_plan, tmp_path, reference, name,
-                                                 changes):
-    plan = tiny_plan(**changes)
-    path = write_plan(name, plan)
-    summary = run_plan(path, steps=STEPS, out_dir=tmp_path / name, quiet=True, timeout_s=120)
-    assert_same_losses(summary["losses"], reference)
+def test_two_rank_plan_matches_single_process(write_plan, tiny_plan, tmp_path, reference_state,
+                                              name, changes):
+    path = write_plan(name, tiny_plan(**changes))
+    summary = run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
     assert summary["world_size"] == 2 and summary["backend"] == "gloo"
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == STEPS
     assert (tmp_path / name / "plan.yaml").read_text() == path.read_text()
 
 
+@pytest.mark.slow
 def test_llama_style_model_under_tp2_matches_single_process(write_plan, tiny_model, tiny_plan, tmp_path):
     # SwiGLU (w3 column-parallel), RMSNorm and grouped-query attention (1 local KV head per rank)
     model = tiny_model(activation="swiglu", norm="rmsnorm", num_kv_heads=2, ffn_hidden=688)
     plan = tiny_plan(tp=2)
-    path = write_plan("llama-tp2", plan, model)
-    summary = run_plan(path, steps=STEPS, out_dir=tmp_path / "llama", quiet=True, timeout_s=120)
-    assert_same_losses(summary["losses"], reference_losses(model, plan, STEPS))
+    run_and_compare(write_plan, tmp_path, "llama-tp2", plan, reference_run(model, plan, STEPS),
+                    model=model)
 
 
 def test_tp2_dp2_on_four_ranks_matches_single_process(write_plan, tiny_plan, tmp_path,
-                                                      reference):
+                                                      reference_state):
     # TP x DP: FSDP2 on the dp sub-mesh of the TP model (DDP cannot wrap DTensor parameters)
-    path = write_plan("tp2-dp2", tiny_plan(tp=2, dp=2, micro_batch=1))
-    summary = run_plan(path, steps=STEPS, out_dir=tmp_path, quiet=True, timeout_s=180)
-    assert_same_losses(summary["losses"], reference)
+    run_and_compare(write_plan, tmp_path, "tp2-dp2", tiny_plan(tp=2, dp=2, micro_batch=1),
+                    reference_state)
 
 
 def test_pp2_gpipe_with_selective_recompute_matches_single_process(write_plan, tiny_plan,
-                                                                  tmp_path, reference):
-    path = write_plan("pp2-gpipe-ac", tiny_plan(pp=2, schedule="gpipe", recompute="selective"))
-    summary = run_plan(path, steps=STEPS, out_dir=tmp_path, quiet=True, timeout_s=120)
-    assert_same_losses(summary["losses"], reference)
+                                                                  tmp_path, reference_state):
+    run_and_compare(write_plan, tmp_path, "pp2-gpipe-ac",
+                    tiny_plan(pp=2, schedule="gpipe", recompute="selective"), reference_state)
+
+
+@pytest.mark.parametrize("name, changes", [
+    # 4 chunks of 1 layer, 2 per rank; 4 micro-batches (a multiple of pp)
+    pytest.param("pp2-interleaved", {"pp": 2, "schedule": "interleaved-1f1b",
+                                     "virtual_stages": 2}, id="pp2-interleaved-1f1b"),
+    # uneven split: 1 layer on stage 0, 3 on stage 1
+    pytest.param("pp2-uneven", {"pp": 2, "schedule": "1f1b", "stage_layers": (1, 3)},
+                 id="pp2-uneven"),
+    pytest.param("dp2-zero3", {"dp": 2, "zero_stage": 3}, id="dp2-zero3"),
+    pytest.param("dp2-zero1", {"dp": 2, "zero_stage": 1}, id="dp2-zero1",
+                 marks=pytest.mark.slow),
+    # sequence parallelism, vocabulary-parallel embedding and loss, full recomputation
+    pytest.param("tp2-sp-full", {"tp": 2, "sequence_parallel": True, "recompute": "full"},
+                 id="tp2-sp-full-recompute"),
+])
+def test_more_two_rank_plans_match_single_process(write_plan, tiny_plan, tmp_path,
+                                                  reference_state, name, changes):
+    run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
+
+
+@pytest.mark.parametrize("name, changes", [
+    pytest.param("pp2-dp2", {"pp": 2, "dp": 2, "micro_batch": 1, "schedule": "1f1b"},
+                 id="pp2-dp2"),
+    pytest.param("tp2-pp2", {"tp": 2, "pp": 2, "schedule": "gpipe", "sequence_parallel": True},
+                 id="tp2-pp2-sp"),
+])
+def test_four_rank_pairs_match_single_process(write_plan, tiny_plan, tmp_path, reference_state,
+                                              name, changes):
+    run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
 
 
 def test_world_size_mismatch_fails_fast_with_one_line(write_plan, tiny_plan, tmp_path):
@@ -97,3 +155,42 @@ def test_missing_data_file_is_named(write_plan, tiny_plan, tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert str(missing) in result.stderr
+
+
+def test_profiled_dp2_run_with_tiled_attention_writes_metrics_and_traces(
+        write_plan, tiny_plan, tmp_path, reference_state):
+    # our FlashAttention-2 kernel in the model trains the same model as SDPA
+    summary = run_and_compare(write_plan, tmp_path, "dp2-tiled", tiny_plan(dp=2),
+                              reference_state, profile=True, attention="tiled")
+    run = tmp_path / "dp2-tiled"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for record in records:
+        assert len(record["peak_memory_bytes"]) == 2 and min(record["peak_memory_bytes"]) > 0
+        assert record["tokens_per_s_per_device"] == pytest.approx(record["tokens_per_s"] / 2)
+        assert record["device_profile"] == "localhost-cpu" and 0 < record["mfu"] < 1
+        assert 0 < record["comm_time_s"] < record["step_time_s"]
+    assert summary["peak_flops_per_device"] == pytest.approx(1.05e11)
+    for rank in (0, 1):
+        trace = json.loads((run / f"trace_rank{rank}.json").read_text())
+        assert any(e.get("name", "").startswith("gloo:") for e in trace["traceEvents"])
+
+
+def test_tied_embeddings_under_interleaved_pp2_match_single_process(write_plan, tiny_model,
+                                                                    tiny_plan, tmp_path):
+    # the tied matrix lives on chunk 0 (rank 0) and chunk 3 (rank 1); its grads are summed
+    model = tiny_model(tied_embeddings=True)
+    plan = tiny_plan(pp=2, schedule="interleaved-1f1b", virtual_stages=2)
+    run_and_compare(write_plan, tmp_path, "pp2-tied", plan, reference_run(model, plan, STEPS),
+                    model=model)
+
+
+def test_unbuildable_model_fails_on_every_rank_with_one_line(write_plan, tiny_model, tiny_plan,
+                                                             tmp_path):
+    path = write_plan("small-vocab", tiny_plan(dp=2), tiny_model(vocab_size=128))
+    with pytest.raises(RuntimeError) as info:
+        run_plan(path, steps=1, out_dir=tmp_path, quiet=True, timeout_s=60)
+    errors = str(info.value).splitlines()[1:3]
+    assert sorted(ln[:28] for ln in errors) == ["meshplan run: error (rank 0)",
+                                                "meshplan run: error (rank 1)"]
+    assert all("vocab_size=128 is too small for byte tokens" in ln for ln in errors)

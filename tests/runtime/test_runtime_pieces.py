@@ -115,3 +115,27 @@ def test_torchrun_command_uses_the_plan_world_size(tiny_plan, write_plan):
     assert "--master-port" in cmd and "29999" in cmd
     assert cmd[cmd.index("-m", 2) + 1] == "runtime.train"
     assert cmd[-2:] == ["--data", "d.txt"]
+
+
+def test_step_line_carries_memory_and_per_device_throughput(tiny_plan, write_plan):
+    from planner.planfile import read_plan_file
+    pf = read_plan_file(write_plan("line2", tiny_plan(dp=2)))
+    record = step_record(1, 5.0, 0.5, pf, peak_memory_bytes=[2**20, 3 * 2**20], comm_time_s=0.1)
+    assert record["tokens_per_s_per_device"] == pytest.approx(8 * 64 / 0.5 / 2)
+    assert record["peak_memory_bytes_max"] == 3 * 2**20
+    assert record["device_profile"] == "localhost-cpu"
+    assert format_step(record).endswith(
+        "tokens_per_s_per_device: 512  peak_memory_MiB: 3.0  comm_time_s: 0.100")
+
+
+def test_tiled_attention_model_matches_sdpa_model(tiny_model):
+    spec = tiny_model(num_kv_heads=2)
+    tokens = torch.randint(0, 256, (2, 33))                                  # (B, T)
+    torch.testing.assert_close(Transformer(spec, attention="tiled")(tokens),
+                               Transformer(spec)(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_tied_split_is_allowed_when_the_caller_sums_the_grads(tiny_model, tiny_plan):
+    last = split_for_stage(Transformer(tiny_model(tied_embeddings=True)), tiny_plan(pp=2), 1,
+                           allow_tied=True)
+    assert last.tok is None and last.out is not None

@@ -1,0 +1,220 @@
+"""Our tiled attention: the FlashAttention-2 algorithm as a ``torch.autograd.Function``.
+
+Source: T. Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning" (2023), Algorithm 1 (forward) and Algorithm 2 (backward).
+
+Forward (Algorithm 1): for each block of queries, walk the key/value blocks and keep an online
+softmax per query row: running max ``m``, running normaliser ``l`` and an unnormalised output
+``acc``; the (N, N) attention matrix never exists, only one (block_q, block_k) tile at a time.
+Only the output O and the log-sum-exp ``L = m + log l`` per row are saved.
+
+Backward (Algorithm 2): with ``D = rowsum(dO * O)``, for each key/value block walk the query
+blocks, recompute the tile ``P = exp(S - L)`` from the saved log-sum-exp and accumulate
+``dV += P^T dO``, ``dS = P * (dO V^T - D)``, ``dQ += dS K * scale``, ``dK += dS^T Q * scale``.
+
+Causal masking (top-left aligned, as ``scaled_dot_product_attention(is_causal=True)``: query i
+sees keys j <= i) skips every tile that lies wholly above the diagonal and masks only the tiles
+that cross it. Grouped-query attention (fewer key/value heads) is handled without repeating K
+and V: the g = heads / kv_heads query heads of one KV head are laid out as g·N query rows.
+
+On CUDA the Triton kernel of the same algorithm (`runtime.attention_triton`) is used when
+Triton is importable; everywhere else the PyTorch implementation below runs. Its tiles are
+computed in fp32 whatever the input dtype (FlashAttention keeps the softmax statistics and
+accumulators in fp32 too), and the outputs and gradients are cast back to the input dtype.
+
+Shapes: B batch, H query heads, Hk key/value heads (H % Hk == 0), g = H / Hk, N query length,
+M key length, d head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: Default tile sizes of the PyTorch path, measured on a 2-core AVX2 CPU (fp32, d=64): larger
+#: query tiles amortise the Python loop, 128-key tiles keep each tile in cache.
+BLOCK_Q = 512
+BLOCK_K = 128
+
+
+def _triton_available() -> bool:
+    try:
+        from runtime import attention_triton  # noqa: F401  (imports triton)
+    except ImportError:
+        return False
+    return True
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim); got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"k and v must be (B, Hk, M, d) with q's B and d; got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads "
+                         f"({k.shape[1]})")
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block_q={block_q} and block_k={block_k} must be >= 1")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+                    scale: float | None = None) -> torch.Tensor:
+    """Exact softmax attention ``softmax(q k^T * scale [+ causal mask]) v``, tiled.
+
+    Args:
+        q: (B, H, N, d) queries.
+        k: (B, Hk, M, d) keys; Hk divides H (grouped-query attention when Hk < H).
+        v: (B, Hk, M, d) values.
+        causal: mask keys after the query position (top-left aligned, as SDPA's ``is_causal``).
+        block_q: query rows per tile (per KV head; times g under GQA) of the PyTorch path.
+        block_k: keys per tile of the PyTorch path. The Triton kernel (CUDA) uses its own
+            power-of-two tiles (`runtime.attention_triton.BLOCK_M` / ``BLOCK_N``).
+        scale: logit scale; default 1/sqrt(d).
+    Returns:
+        (B, H, N, d) output in q's dtype. Peak extra memory is O(N·d + block_q·block_k) per
+        (batch, head): linear in the sequence length.
+    Raises:
+        ValueError: shapes or block sizes are inconsistent.
+    """
+    _check(q, k, v, block_q, block_k)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if q.is_cuda and _triton_available():
+        from runtime.attention_triton import triton_flash_attention
+        return triton_flash_attention(q, k, v, causal=causal, scale=scale)
+    return TiledAttention.apply(q, k, v, causal, block_q, block_k, scale)
+
+
+def _rows(q: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, H, N, d) -> (B, Hk, N·g, d): row n·g + i is query position n of head group i."""
+    b, h, n, d = q.shape
+    return q.view(b, h // groups, groups, n, d).transpose(2, 3).reshape(b, h // groups,
+                                                                         n * groups, d)
+
+
+def _unrows(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Inverse of `_rows`: (B, Hk, N·g, d) -> (B, H, N, d)."""
+    b, hk, rows, d = x.shape
+    return x.view(b, hk, rows // groups, groups, d).transpose(2, 3).reshape(
+        b, hk * groups, rows // groups, d)
+
+
+def _key_blocks(q_start: int, q_end: int, m: int, block_k: int, causal: bool) -> range:
+    """Starts of the key tiles that query positions [q_start, q_end) attend to."""
+    stop = min(m, q_end) if causal else m
+    return range(0, stop, block_k)
+
+
+def _tile_mask(q_start: int, q_end: int, k_start: int, k_end: int, groups: int,
+               device: torch.device) -> torch.Tensor | None:
+    """(R, bk) bool mask of the masked-out (key after query) entries, or None if none are."""
+    if k_end - 1 <= q_start:                                  # tile wholly on/below diagonal
+        return None
+    q_pos = torch.arange(q_start, q_end, device=device).repeat_interleave(groups)   # (R,)
+    k_pos = torch.arange(k_start, k_end, device=device)                             # (bk,)
+    return k_pos[None, :] > q_pos[:, None]                                          # (R, bk)
+
+
+class TiledAttention(torch.autograd.Function):
+    """FlashAttention-2 forward/backward in PyTorch (Dao 2023, Algorithms 1 and 2).
+
+    ``apply(q, k, v, causal, block_q, block_k, scale)``; use `flash_attention`.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, block_q, block_k, scale):
+        groups = q.shape[1] // k.shape[1]
+        qr = _rows(q, groups).float()                         # (B, Hk, N·g, d)
+        kf, vf = k.float(), v.float()                         # (B, Hk, M, d)
+        o, lse = _forward(qr, kf, vf, causal, block_q, block_k, scale, groups)
+        ctx.save_for_backward(q, k, v, o, lse)                # o (B,Hk,N·g,d), lse (B,Hk,N·g)
+        ctx.causal, ctx.block_q, ctx.block_k, ctx.scale = causal, block_q, block_k, scale
+        return _unrows(o, groups).to(q.dtype)                 # (B, H, N, d)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        groups = q.shape[1] // k.shape[1]
+        dq, dk, dv = _backward(_rows(q, groups).float(), k.float(), v.float(), o, lse,
+                               _rows(do, groups).float(), ctx.causal, ctx.block_q,
+                               ctx.block_k, ctx.scale, groups)
+        return (_unrows(dq, groups).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                None, None, None, None)
+
+
+def _forward(qr, k, v, causal, block_q, block_k, scale, groups):
+    """Algorithm 1 on fp32 rows: qr (B, Hk, N·g, d), k/v (B, Hk, M, d) ->
+    (o (B, Hk, N·g, d), lse (B, Hk, N·g))."""
+    n, m = qr.shape[2] // groups, k.shape[2]
+    o = torch.empty_like(qr)                                   # (B, Hk, N·g, d)
+    lse = torch.empty(qr.shape[:3], dtype=torch.float32, device=qr.device)
+    kt = k.transpose(2, 3)                                     # (B, Hk, d, M)
+    for qs in range(0, n, block_q):
+        qe = min(qs + block_q, n)
+        q_blk = qr[:, :, qs * groups:qe * groups]              # (B, Hk, R, d), R = bq·g
+        row_max = torch.full(q_blk.shape[:3], -math.inf, device=qr.device)   # (B, Hk, R)
+        row_sum = torch.zeros_like(row_max)                    # (B, Hk, R)
+        acc = torch.zeros_like(q_blk)                          # (B, Hk, R, d)
+        for ks in _key_blocks(qs, qe, m, block_k, causal):
+            ke = min(ks + block_k, m)
+            s = torch.matmul(q_blk, kt[..., ks:ke]).mul_(scale)        # (B, Hk, R, bk)
+            mask = _tile_mask(qs, qe, ks, ke, groups, qr.device) if causal else None
+            if mask is not None:
+                s.masked_fill_(mask, -math.inf)
+            new_max = torch.maximum(row_max, s.amax(dim=-1))           # (B, Hk, R)
+            p = s.sub_(new_max.unsqueeze(-1)).exp_()                   # (B, Hk, R, bk)
+            alpha = torch.exp(row_max - new_max)                       # (B, Hk, R)
+            row_sum.mul_(alpha).add_(p.sum(dim=-1))
+            acc.mul_(alpha.unsqueeze(-1)).add_(torch.matmul(p, v[:, :, ks:ke]))
+            row_max = new_max
+        o[:, :, qs * groups:qe * groups] = acc / row_sum.unsqueeze(-1)
+        lse[:, :, qs * groups:qe * groups] = row_max + torch.log(row_sum)
+    return o, lse
+
+
+def _backward(qr, k, v, o, lse, dor, causal, block_q, block_k, scale, groups):
+    """Algorithm 2 on fp32 rows; returns dq (B, Hk, N·g, d), dk and dv (B, Hk, M, d)."""
+    n, m = qr.shape[2] // groups, k.shape[2]
+    delta = (dor * o).sum(dim=-1)                              # D: (B, Hk, N·g)
+    dq = torch.zeros_like(qr)                                  # (B, Hk, N·g, d)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)          # (B, Hk, M, d)
+    for ks in range(0, m, block_k):
+        ke = min(ks + block_k, m)
+        k_blk, v_blk = k[:, :, ks:ke], v[:, :, ks:ke]          # (B, Hk, bk, d)
+        dk_blk, dv_blk = dk[:, :, ks:ke], dv[:, :, ks:ke]      # views: accumulate in place
+        first = (ks // block_q) * block_q if causal else 0     # query tiles above: masked
+        for qs in range(first, n, block_q):
+            qe = min(qs + block_q, n)
+            rows = slice(qs * groups, qe * groups)
+            q_blk, do_blk = qr[:, :, rows], dor[:, :, rows]    # (B, Hk, R, d)
+            s = torch.matmul(q_blk, k_blk.transpose(2, 3)).mul_(scale)   # (B, Hk, R, bk)
+            mask = _tile_mask(qs, qe, ks, ke, groups, qr.device) if causal else None
+            if mask is not None:
+                s.masked_fill_(mask, -math.inf)
+            p = s.sub_(lse[:, :, rows].unsqueeze(-1)).exp_()             # P: (B, Hk, R, bk)
+            dv_blk.add_(torch.matmul(p.transpose(2, 3), do_blk))         # (B, Hk, bk, d)
+            dp = torch.matmul(do_blk, v_blk.transpose(2, 3))             # (B, Hk, R, bk)
+            ds = dp.sub_(delta[:, :, rows].unsqueeze(-1)).mul_(p).mul_(scale)   # dS·scale
+            dq[:, :, rows].add_(torch.matmul(ds, k_blk))                 # (B, Hk, R, d)
+            dk_blk.add_(torch.matmul(ds.transpose(2, 3), q_blk))         # (B, Hk, bk, d)
+    return dq, dk, dv
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                    causal: bool = False) -> torch.Tensor:
+    """Materialised attention (the (N, M) matrix is stored for backward): the memory baseline.
+
+    Shapes as `flash_attention`.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])     # (B, H, N, M)
+    if causal:
+        n, m = q.shape[2], k.shape[2]
+        mask = torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(mask, -math.inf)
+    return torch.matmul(torch.softmax(s, dim=-1), v)                       # (B, H, N, d)
