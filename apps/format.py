@@ -29,6 +29,21 @@ def fmt_pct(x: float | None) -> str:
     return "-" if x is None or pd.isna(x) else f"{100 * x:.1f}%"
 
 
+def fmt_gib(n: float) -> str:
+    """Bytes as a bare GiB figure for a column headed in GiB (``'47.7'``)."""
+    return f"{n / GiB:.1f}"
+
+
+def fmt_krate(x: float) -> str:
+    """A rate in thousands for a column headed in k/s (``595843.2`` -> ``'595.8'``)."""
+    return f"{x / 1e3:,.1f}"
+
+
+def fmt_recompute(policy: str) -> str:
+    """A recomputation policy in at most four letters: '-', 'sel' or 'full'."""
+    return {"none": "-", "selective": "sel"}.get(policy, policy)
+
+
 def fmt_flag(x: bool) -> str:
     """A boolean as 'yes' / '-' for narrow table columns."""
     return "yes" if x else "-"
@@ -45,7 +60,8 @@ def print_table(console: Console, df: pd.DataFrame, title: str,
 
     ``columns`` maps a column name to ``(header, formatter)``; formatter None prints ``str``.
     """
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
     for col, (header, _) in columns.items():
         table.add_column(header, justify="left" if df[col].dtype == object else "right",
                          no_wrap=col == "id")

@@ -1,0 +1,48 @@
+"""`meshplan app`: start the Streamlit explorer (`apps/streamlit_app.py`) on this machine.
+
+    meshplan app                 # http://127.0.0.1:8501
+    meshplan app --port 8600 --address 0.0.0.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+APP_PATH = Path(__file__).resolve().with_name("streamlit_app.py")
+
+
+def streamlit_command(port: int = 8501, address: str = "127.0.0.1",
+                      headless: bool = True) -> list[str]:
+    """The ``streamlit run`` command line that serves the explorer.
+
+    >>> cmd = streamlit_command(8600)
+    >>> cmd[3], Path(cmd[4]).name, cmd[cmd.index("--server.port") + 1]
+    ('run', 'streamlit_app.py', '8600')
+    """
+    return [sys.executable, "-m", "streamlit", "run", str(APP_PATH),
+            "--server.port", str(port), "--server.address", address,
+            "--server.headless", "true" if headless else "false",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    """Run streamlit in the foreground until interrupted; its exit status is ours."""
+    print(f"meshplan explorer on http://{args.address}:{args.port} (Ctrl-C stops it)",
+          file=sys.stderr)
+    try:
+        return subprocess.call(streamlit_command(args.port, args.address, not args.browser))
+    except KeyboardInterrupt:
+        return 0
+
+
+def add_app_parser(sub) -> None:
+    """Register the ``app`` subcommand on ``sub`` (the CLI's subparsers)."""
+    sa = sub.add_parser("app", help="start the Streamlit explorer in a browser")
+    sa.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    sa.add_argument("--address", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
+    sa.add_argument("--browser", action="store_true", help="also open a local browser")
+    sa.set_defaults(func=cmd_app)

@@ -1,0 +1,109 @@
+"""The resolved configuration of `meshplan run`: echoed before the run, saved beside its outputs.
+
+``run_config.json`` (SI units) sits in the run folder next to ``plan.yaml``, ``metrics.jsonl``
+and ``summary.json``, so a run folder says exactly what was run and how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from planner import __version__
+from planner.planfile import read_plan_file
+
+RUN_CONFIG_NAME = "run_config.json"
+
+
+def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
+                        out_dir: str | os.PathLike | None, data: str | None) -> dict:
+    """Every setting of a run, defaults filled in: plan file, model, plan, cluster, steps,
+    data, run folder and the torchrun command line.
+
+    Raises:
+        PlanError: the plan file is missing or invalid.
+    """
+    from runtime.launch import torchrun_command
+    pf = read_plan_file(plan_path)
+    out = Path(out_dir) if out_dir else Path("runs") / pf.plan.id
+    plan = pf.to_dict()["plan"]
+    command = torchrun_command(plan_path, steps=steps, out_dir=out, data=data,
+                               nproc=pf.plan.world_size, master_port=0)
+    return {"meshplan_version": __version__, "plan_file": str(plan_path),
+            "plan_id": pf.plan.id, "world_size": pf.plan.world_size, "steps": steps,
+            "data": data or "python-stdlib-sources", "out_dir": str(out),
+            "omp_num_threads": 1, "model": dataclasses.asdict(pf.model), "plan": plan,
+            "cluster": pf.cluster,
+            "command": shlex.join(["python", *command[1:]]).replace(
+                "--master-port 0", "--master-port FREE_PORT")}
+
+
+def echo_run_config(console: Console, config: dict) -> None:
+    """Print the resolved configuration in a few lines."""
+    model, plan = config["model"], config["plan"]
+    console.print(f"[bold]run {config['plan_id']}[/] ({config['world_size']} ranks, "
+                  f"{config['steps']} steps) -> {config['out_dir']}", highlight=False)
+    console.print(f"  model   {model['name']}: {model['num_layers']} layers, hidden "
+                  f"{model['hidden']}, seq {model['seq_len']}", highlight=False)
+    console.print(f"  plan    tp {plan['tp']} pp {plan['pp']} dp {plan['dp']}, micro-batch "
+                  f"{plan['micro_batch']}, global batch {plan['global_batch']}, "
+                  f"{plan['schedule']}, recompute {plan['recompute']}, dtype {plan['dtype']}",
+                  highlight=False)
+    console.print(f"  data    {config['data']}", highlight=False)
+    console.print(f"  command {config['command']}", highlight=False)
+
+
+def save_run_config(config: dict) -> Path:
+    """Write ``run_config.json`` into the run folder (created) and return its path."""
+    out = Path(config["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RUN_CONFIG_NAME
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _steps_done(metrics_path: Path) -> int:
+    try:
+        with open(metrics_path, encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def with_step_progress(console: Console, config: dict, run: Callable[[], dict],
+                       poll_s: float = 0.5) -> dict:
+    """Call ``run()`` under a progress bar of the steps written to the run's metrics.jsonl.
+
+    The run's own output (its step lines) goes to ``console``'s stream: stderr when the console
+    is on stderr (``--json``), so stdout keeps one JSON object.
+    """
+    metrics = Path(config["out_dir"]) / "metrics.jsonl"
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("steps"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(f"training {config['plan_id']}", total=config["steps"])
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(poll_s):
+                progress.update(task, completed=_steps_done(metrics))
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        try:
+            with contextlib.redirect_stdout(sys.stderr if console.stderr else sys.stdout):
+                return run()
+        finally:
+            stop.set()
+            watcher.join()
+            progress.update(task, completed=_steps_done(metrics))

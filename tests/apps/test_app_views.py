@@ -1,0 +1,128 @@
+"""The explorer's view helpers: inputs to library objects, library results to tables/charts."""
+
+import json
+
+import pytest
+import yaml
+
+from apps import app_views as views
+from planner.planfile import PlanFile, read_plan_file
+from planner.presets import PRESET_DIR as MODEL_PRESETS
+from planner.presets import load_model
+from planner.spec import Plan, PlanError
+from simulator.cluster import PRESET_DIR, load_cluster
+from simulator.simulate import simulate
+from simulator.trace import chrome_trace
+
+
+@pytest.fixture(scope="module")
+def traced():
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    plan = Plan(tp=2, pp=2, dp=4, micro_batch=1, global_batch=64, recompute="selective")
+    return model, cluster, plan, simulate(model, plan, cluster, trace=True)
+
+
+def test_uploaded_model_yaml_builds_the_spec():
+    fields = yaml.safe_load((MODEL_PRESETS / "models.yaml").read_text())["tiny-gpt"]
+    text = yaml.safe_dump({"name": "mine", **fields})
+    model = views.model_from_inputs("upload", preset="llama3-8b", uploaded=text, seq_len=64)
+    assert model.name == "mine" and model.seq_len == 64
+    assert model.num_layers == load_model("tiny-gpt").num_layers
+
+
+def test_uploaded_model_errors_name_the_problem():
+    with pytest.raises(PlanError, match="not valid YAML"):
+        views.model_from_inputs("upload", preset="llama3-8b", uploaded="a: [1,")
+    with pytest.raises(PlanError, match="must hold a mapping"):
+        views.model_from_inputs("upload", preset="llama3-8b", uploaded="- 1\n- 2\n")
+    with pytest.raises(PlanError, match="unknown model field"):
+        views.model_from_inputs("upload", preset="llama3-8b", uploaded="layers: 4\n")
+    with pytest.raises(PlanError, match="choose a model YAML"):
+        views.model_from_inputs("upload", preset="llama3-8b", uploaded=None)
+
+
+def test_custom_fields_override_the_preset():
+    model = views.model_from_inputs("custom", preset="llama3-8b", custom={"num_layers": 16})
+    assert model.num_layers == 16 and model.name == "llama3-8b-custom"
+
+
+def test_uploaded_cluster_yaml_is_loaded_like_a_preset_file():
+    spec = yaml.safe_load((PRESET_DIR / "clusters.yaml").read_text())["dgx-h100"]
+    cluster = views.cluster_from_inputs("upload", preset="dgx-h100", nodes=3,
+                                        uploaded=yaml.safe_dump(spec))
+    assert cluster.name == "uploaded" and cluster.num_devices == 24
+
+
+def test_step_breakdown_adds_up_to_the_step(traced):
+    *_, pred = traced
+    parts = views.step_breakdown(pred).set_index("part")["seconds"]
+    assert parts.sum() == pytest.approx(pred.step_time_s, rel=1e-9)
+    assert parts["compute"] == pred.compute_s and parts["pipeline bubble"] == pred.bubble_s
+    assert parts.drop(["compute", "pipeline bubble"]).sum() == pytest.approx(pred.comm_s)
+
+
+def test_memory_frame_has_every_part_of_every_stage(traced):
+    *_, pred = traced
+    frame = views.memory_frame(pred)
+    assert len(frame) == 5 * len(pred.memory)
+    total = frame[frame.stage == 0]["GiB"].sum() * views.GiB
+    assert total == pytest.approx(pred.memory[0].total_bytes)
+
+
+def test_gantt_frame_has_one_row_per_event_up_to_the_limit(traced):
+    *_, pred = traced
+    frame = views.gantt_frame(pred.events)
+    assert len(frame) == len(pred.events)
+    assert set(frame["stage"]) == {0, 1}
+    assert {"forward", "backward"} <= set(frame["kind"])
+    assert len(views.gantt_frame(pred.events, limit=5)) == 5
+    assert views.gantt_chart(frame).to_dict()["mark"]["type"] == "bar"
+
+
+def test_cluster_figure_draws_every_device(traced):
+    _, cluster, plan, _ = traced
+    fig = views.cluster_figure(cluster, plan)
+    assert plan.id in fig.axes[0].get_title()
+
+
+def test_plan_file_download_reads_back(traced, tmp_path):
+    model, cluster, plan, pred = traced
+    path = tmp_path / "plan.yaml"
+    path.write_text(views.plan_file_yaml(model, plan, cluster, pred))
+    pf = read_plan_file(path)
+    assert isinstance(pf, PlanFile) and pf.plan == plan and pf.model == model
+    assert pf.prediction["step_time_s"] == pytest.approx(pred.step_time_s)
+    assert json.loads(json.dumps(chrome_trace(pred.events)))["traceEvents"]
+
+
+def test_measured_results_read_compare_and_run_summaries(tmp_path):
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "compare.json").write_text(json.dumps({"rows": [
+        {"id": "a", "predicted_step_time_s": 1.0, "measured_step_time_s": 2.0}]}))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(
+        {"plan_id": "b", "step_time_s": 0.5, "prediction": {"step_time_s": 0.6}}))
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "summary.json").write_text(json.dumps({"step_time_s": 1.0}))
+    df = views.measured_results(tmp_path).set_index("id")
+    assert sorted(df.index) == ["a", "b"]
+    assert df.loc["a", "rel_error"] == pytest.approx(-0.5)
+    assert df.loc["b", "rel_error"] == pytest.approx(0.2)
+    assert views.measured_results(tmp_path / "missing").empty
+
+
+def test_launch_files_one_line_per_node_and_a_batch_script(traced):
+    model, cluster, plan, pred = traced
+    files = views.launch_files(model, plan, cluster, pred, "p.yaml")
+    assert files["command"].count("torch.distributed.run") == 2
+    assert "--node-rank 1 --nproc-per-node 8" in files["command"]
+    assert "runtime.train p.yaml" in files["command"]
+    assert "#SBATCH --nodes=2" in files["sbatch"] and "p.yaml" in files["sbatch"]
+
+
+def test_launch_files_on_one_machine_is_one_torchrun_line():
+    model, cluster = load_model("tiny-gpt"), load_cluster("localhost-cpu", ranks=2)
+    plan = Plan(tp=1, pp=1, dp=2, micro_batch=1, global_batch=8, dtype="fp32")
+    files = views.launch_files(model, plan, cluster, simulate(model, plan, cluster), "p.yaml")
+    assert files["sbatch"] == ""
+    assert files["command"].startswith("python -m torch.distributed.run --nproc-per-node 2")
