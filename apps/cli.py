@@ -13,7 +13,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from apps.format import fmt_bytes, fmt_flag, fmt_pct, fmt_rate, fmt_time_s, print_table
+from apps.format import (
+    fmt_bytes,
+    fmt_flag,
+    fmt_gib,
+    fmt_krate,
+    fmt_pct,
+    fmt_rate,
+    fmt_recompute,
+    fmt_time_s,
+    print_table,
+)
+from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
 from planner import __version__
 from planner.planfile import PlanFile, read_plan_file, write_plan_file
 from planner.presets import load_model, model_names
@@ -22,10 +33,11 @@ from planner.spec import PlanError
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
 PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
-              "micro_batch": ("mb", None), "recompute": ("recompute", None),
-              "sequence_parallel": ("sp", fmt_flag), "step_time_s": ("step time", fmt_time_s),
-              "tokens_per_s": ("tokens/s", fmt_rate), "mfu": ("MFU", fmt_pct),
-              "peak_memory_bytes": ("mem/rank", fmt_bytes)}
+              "micro_batch": ("mb", None), "virtual_stages": ("v", None),
+              "zero_stage": ("zero", None), "recompute": ("ac", fmt_recompute),
+              "sequence_parallel": ("sp", fmt_flag), "step_time_s": ("step", fmt_time_s),
+              "tokens_per_s": ("ktok/s", fmt_krate), "mfu": ("MFU", fmt_pct),
+              "peak_memory_bytes": ("GiB/rank", fmt_gib)}
 #: Default tokens per global batch on GPU clusters (Llama 3 pre-training started at 4M tokens,
 #: Dubey et al. 2024 §3.4.1); the default global batch is this over the sequence length.
 DEFAULT_BATCH_TOKENS = 4 * 2**20
@@ -55,17 +67,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.seq_len:
         model = model.replace(seq_len=args.seq_len)
     cluster = _cluster(args.cluster, args.nodes, args.ranks)
-    gb = args.global_batch or default_global_batch(cluster, model.seq_len)
+    gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
     console.print(f"[bold]{model.name}[/] ({model.num_params() / 1e9:.2f}B params, seq "
                   f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
                   f"{cluster.device.name}), global batch {gb}")
-    result = search(model, cluster, global_batch=gb, top_k=args.top_k)
+    with console.status("searching every legal plan ..."):
+        result = search(model, cluster, global_batch=gb, top_k=args.top_k,
+                        **search_kwargs(args))
+    if getattr(args, "objective", "throughput") == "goodput":
+        from apps.cmd_faults import goodput_ranked
+        result = goodput_ranked(console, result, model, cluster, args)
     ranked, rejected = result.ranked, result.rejected
     if args.json:
         print(json.dumps({"plans": ranked[PLAN_JSON_KEYS].to_dict("records"),
-                          "rejected": rejected.to_dict("records")}))
+                          "rejected": rejected.to_dict("records"), **json_extras(result)}))
     else:
-        print_table(console, ranked, "ranked plans (best first)", PLAN_TABLE, limit=args.top)
+        if not ranked.empty:
+            print_table(console, ranked, "ranked plans (best first)", PLAN_TABLE, limit=args.top)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")
         console.print(f"{len(ranked)} legal plans ({refined} best refined by SimPy, the rest "
@@ -75,6 +93,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if kind.any():
                 row = rejected[kind].iloc[0]
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
+    report(console, args, result)
     if args.out:
         best = result.best
         pred = result.predictions[best.id]
@@ -93,7 +112,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     pf = read_plan_file(args.plan)
     cluster = _cluster(pf.cluster["name"], pf.cluster.get("nodes"), pf.cluster.get("ranks")
                        or (pf.plan.world_size if pf.cluster["name"] == "localhost-cpu" else None))
-    pred = simulate(pf.model, pf.plan, cluster)
+    pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)))
+    if getattr(args, "trace", None):
+        from simulator.trace import write_chrome_trace
+        write_chrome_trace(pred.events, args.trace)
     out = {"id": pf.plan.id, **pred.to_dict()}
     if args.json:
         print(json.dumps(out))
@@ -108,22 +130,38 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from apps.run_config import (
+        echo_run_config,
+        resolved_run_config,
+        save_run_config,
+        with_step_progress,
+    )
     from runtime.launch import run_plan
     console = _console(args)
-    summary = run_plan(args.plan, steps=args.steps, out_dir=args.out, data=args.data)
+    config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data)
+    echo_run_config(console, config)
+    console.print(f"  saved   {save_run_config(config)}", highlight=False)
+    from apps.cmd_faults import restart_line, run_fault_kwargs
+    summary = with_step_progress(console, config, lambda: run_plan(
+        args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data,
+        **run_fault_kwargs(args)))
     if args.json:
         print(json.dumps(summary))
     else:
         console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
                       f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"
                       f", {fmt_rate(summary['tokens_per_s'])} tokens/s")
+        if (line := restart_line(summary)) is not None and summary["restarts"]:
+            console.print(line, highlight=False)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from apps.compare import DEFAULT_PLANS as DEFAULT_COMPARE_PLANS
     from apps.compare import compare
     console = _console(args)
-    result = compare(steps=args.steps, out_dir=Path(args.out), console=console)
+    result = compare(steps=args.steps, out_dir=Path(args.out), console=console,
+                     plans=None if getattr(args, "sweep", False) else DEFAULT_COMPARE_PLANS)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -161,11 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
     sp.add_argument("--out", help="write the best plan to this plan file (YAML)")
     sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sp.add_argument("--objective", choices=("throughput", "goodput"), default="throughput",
+                    help="rank by predicted tokens/s, or by tokens/s x goodput under failures")
+    sp.add_argument("--mtbf-hours", type=float, default=50_000.0,
+                    help="per-device MTBF in hours for --objective goodput (default 50000)")
+    sp.add_argument("--node-mtbf-hours", type=float,
+                    help="per-node MTBF in hours (node failures besides device failures)")
+    add_plan_options(sp)
     sp.set_defaults(func=cmd_plan)
 
     ss = sub.add_parser("simulate", help="simulate one plan file")
     ss.add_argument("plan", help="plan file (YAML)")
     ss.add_argument("--json", action="store_true")
+    ss.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
     ss.set_defaults(func=cmd_simulate)
 
     sr = sub.add_parser("run", help="train a plan file with torchrun on this machine")
@@ -174,18 +220,38 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--data", help="text file to train on (default: Python stdlib sources)")
     sr.add_argument("--out", help="run folder (default runs/<plan id>)")
     sr.add_argument("--json", action="store_true", help="print summary.json on stdout")
+    from apps.cmd_faults import add_run_fault_args
+    add_run_fault_args(sr)
     sr.set_defaults(func=cmd_run)
 
-    sc = sub.add_parser("compare", help="plan tiny-gpt locally, run DP/TP/PP, compare")
-    sc.add_argument("--steps", type=int, default=8)
+    sc = sub.add_parser("compare", help="predict, run and compare local DP/TP/PP plans")
+    sc.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
+    sc.add_argument("--sweep", action="store_true", help="the full sweep (16 plans, ~5 min) "
+                    "instead of the 4 default plans")
     sc.add_argument("--out", default="runs/compare")
     sc.add_argument("--json", action="store_true")
     sc.set_defaults(func=cmd_compare)
+
+    from apps.cmd_validate import add_parser as add_validate
+    add_validate(sub)
+
+    from apps.cmd_calibrate import add_calibrate_parser
+    add_calibrate_parser(sub)
 
     sd = sub.add_parser("demo", help="plan Llama 3 70B on 512 H100s, then run compare")
     sd.add_argument("--steps", type=int, default=8)
     sd.add_argument("--out", default="runs/demo")
     sd.set_defaults(func=cmd_demo)
+
+    from apps.cmd_launch import add_launch_parser
+    add_launch_parser(sub)
+
+    from apps.cmd_app import add_app_parser
+    add_app_parser(sub)
+
+    from apps.cmd_topo import add_collective_parser, add_topo_parser
+    add_topo_parser(sub)
+    add_collective_parser(sub)
     return p
 
 

@@ -1,12 +1,14 @@
-"""Predicted vs measured on this machine: plan tiny-gpt on localhost-cpu, run the plans, line up.
+"""Predicted vs measured on this machine: a sweep of local plans, each predicted on the
+calibrated localhost-cpu cluster, run with torchrun, and lined up.
 
 This module orchestrates the library calls behind `meshplan compare`; the modelling lives in
-`simulator`, the execution in `runtime`.
+`simulator` (`simulator.cpu_model` for the calibrated CPU terms), the execution in `runtime`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import matplotlib
@@ -19,110 +21,228 @@ from rich.console import Console  # noqa: E402
 from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table  # noqa: E402
 from planner.planfile import PlanFile, write_plan_file  # noqa: E402
 from planner.presets import load_model  # noqa: E402
-from planner.search import search  # noqa: E402
 from planner.spec import ModelSpec, Plan  # noqa: E402
 
-#: The plans `compare` runs: world size -> (tp, pp, dp) splits. One rank is the baseline.
-COMPARE_SPLITS = {1: [(1, 1, 1)], 2: [(1, 1, 2), (2, 1, 1), (1, 2, 1)]}
 COMPARE_GLOBAL_BATCH = 8
+#: The second model shape of the sweep: wider and shallower than tiny-gpt, shorter sequences.
+WIDE_CHANGES = {"name": "tiny-gpt-wide", "num_layers": 2, "hidden": 512, "num_heads": 8,
+                "num_kv_heads": 8, "ffn_hidden": 2048, "seq_len": 64}
+#: The sweep: (model, plan fields) over world sizes 1, 2 and 4: DP, TP, PP, their pairs,
+#: micro-batch counts, recomputation on and off, ZeRO-3.
+SWEEP: list[tuple[str, dict]] = [
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 8}),
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 2}),
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 8, "recompute": "full"}),
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 4}),
+    ("tiny-gpt", {"tp": 2, "pp": 1, "dp": 1, "micro_batch": 8}),
+    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2}),
+    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2, "recompute": "full"}),
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 4, "zero_stage": 3}),
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 4, "micro_batch": 2}),
+    ("tiny-gpt", {"tp": 2, "pp": 1, "dp": 2, "micro_batch": 4}),
+    ("tiny-gpt", {"tp": 1, "pp": 4, "dp": 1, "micro_batch": 1}),
+    ("tiny-gpt", {"tp": 2, "pp": 2, "dp": 1, "micro_batch": 2}),
+    ("tiny-gpt", {"tp": 4, "pp": 1, "dp": 1, "micro_batch": 8}),
+    ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 4}),
+    ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 2}),
+    ("tiny-gpt-wide", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2}),
+]
+#: `meshplan compare` without --sweep: the baseline and one plan per parallelism (4 runs).
+DEFAULT_PLANS = (0, 3, 4, 5)
+#: The reduced set the tests run: 1 rank, DP and PP on 2 ranks.
+REDUCED_PLANS = (0, 3, 5)
 COMPARE_TABLE = {"id": ("plan", None), "world_size": ("ranks", None),
                  "predicted_step_time_s": ("predicted step", fmt_time_s),
                  "measured_step_time_s": ("measured step", fmt_time_s),
                  "rel_error": ("error", fmt_pct),
-                 "predicted_tokens_per_s": ("predicted tokens/s", fmt_rate),
-                 "measured_tokens_per_s": ("measured tokens/s", fmt_rate)}
+                 "predicted_tokens_per_s": ("pred tokens/s", fmt_rate),
+                 "measured_tokens_per_s": ("meas tokens/s", fmt_rate),
+                 "predicted_mfu": ("pred MFU", fmt_pct), "measured_mfu": ("meas MFU", fmt_pct),
+                 "ranks_per_core": ("ranks/core", None)}
+#: A plan within this fraction of the measured best step time counts as the best.
+BEST_PLAN_TOLERANCE = 0.03
 
 
-def local_plans(model: ModelSpec, profile) -> list[tuple[Plan, object, dict]]:
-    """For each split in `COMPARE_SPLITS`, the best micro-batch size the planner finds.
+def sweep_models() -> dict[str, ModelSpec]:
+    """The sweep's models: tiny-gpt and its wide variant (`WIDE_CHANGES`)."""
+    tiny = load_model("tiny-gpt")
+    return {"tiny-gpt": tiny, "tiny-gpt-wide": tiny.replace(**WIDE_CHANGES)}
 
-    Returns ``(plan, cluster, prediction dict)`` per split, in `COMPARE_SPLITS` order.
-    """
+
+def sweep_plans(which: tuple[int, ...] | None = None) -> list[tuple[ModelSpec, Plan]]:
+    """``(model, plan)`` of each `SWEEP` entry (all, or the indices ``which``)."""
+    models = sweep_models()
+    picked = range(len(SWEEP)) if which is None else which
+    return [(models[SWEEP[i][0]], Plan(global_batch=COMPARE_GLOBAL_BATCH, dtype="fp32",
+                                       **SWEEP[i][1])) for i in picked]
+
+
+def row_id(model: ModelSpec, plan: Plan) -> str:
+    """The plan id, prefixed by the model name for models other than tiny-gpt."""
+    return plan.id if model.name == "tiny-gpt" else f"{model.name}-{plan.id}"
+
+
+def predict(model: ModelSpec, plan: Plan) -> tuple[dict, dict]:
+    """``(prediction dict, assumptions)`` of ``plan`` on localhost-cpu with as many ranks."""
     from simulator.cluster import load_cluster
-    chosen = []
-    for ranks, splits in COMPARE_SPLITS.items():
-        cluster = load_cluster("localhost-cpu", ranks=ranks, profile=profile)
-        result = search(model, cluster, global_batch=COMPARE_GLOBAL_BATCH, num_devices=ranks,
-                        dtype="fp32", recompute=("none",), top_k=1000)
-        for tp, pp, dp in splits:
-            rows = result.ranked[(result.ranked.tp == tp) & (result.ranked.pp == pp)
-                                 & (result.ranked.dp == dp) & ~result.ranked.sequence_parallel]
-            if rows.empty:
-                raise RuntimeError(f"the planner found no legal tp{tp}-pp{pp}-dp{dp} plan")
-            plan_id = rows.iloc[0]["id"]
-            chosen.append((result.plans[plan_id], cluster,
-                           result.predictions[plan_id].to_dict()))
-    return chosen
+    from simulator.cpu_model import active_ranks
+    from simulator.simulate import simulate
+    cluster = load_cluster("localhost-cpu", ranks=plan.world_size)
+    pred = simulate(model, plan, cluster).to_dict()
+    pred.pop("memory", None)
+    cores = os.cpu_count() or 1
+    profile = cluster.cpu_costs
+    assumptions = {
+        "profile": profile.name if profile is not None else "presets (no calibrated profile)",
+        "calibrated_terms": bool(profile is not None and profile.covers(model)),
+        "device": cluster.device.name, "peak_flops": cluster.device.peak("fp32"),
+        "threads_per_rank": 1, "cores": cores,
+        "ranks_per_core": round(plan.world_size / cores, 2),
+        "active_ranks": round(active_ranks(plan), 2),
+        "global_batch": plan.global_batch, "seq_len": model.seq_len, "dtype": "fp32"}
+    pred["assumptions"] = assumptions
+    return pred, assumptions
 
 
-def compare(*, steps: int = 8, out_dir: Path = Path("runs/compare"),
-            console: Console | None = None) -> dict:
-    """Run each local plan for ``steps`` steps and compare predicted with measured step time.
+def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
+            plans: tuple[int, ...] | None = DEFAULT_PLANS, console: Console | None = None,
+            timeout_s: float = 300.0) -> dict:
+    """Predict, run ``steps`` steps and compare each plan of `SWEEP` (indices ``plans``; None:
+    the whole sweep).
 
-    Returns (and writes to ``out_dir/compare.json``) ``{"rows": [...], "mape": float,
-    "assumptions": {...}}``; each row has id, predicted/measured step_time_s and tokens_per_s,
-    and rel_error = (predicted − measured) / measured of the step time. Also writes
-    ``out_dir/compare.png``.
+    Returns (and writes to ``out_dir/compare.json``) ``{"rows": [...], "mape", "worst",
+    "spearman", "best_plan_match", "predicted_best", "measured_best", "assumptions"}``. Each
+    row has id, predicted / measured step_time_s, tokens_per_s and MFU, rel_error =
+    (predicted − measured) / measured of the step time, final_loss and the row's assumptions
+    (profile, threads per rank, ranks per core, ...). Also writes ``out_dir/compare.png``.
     """
     from runtime.launch import run_plan
-    from simulator.probe import measure_cpu_profile
     console = console or Console()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = load_model("tiny-gpt")
-    console.print("measuring this CPU (fp32 GEMM at tiny-gpt's shapes, memory bandwidth) ...")
-    profile = measure_cpu_profile(model=model)
+    chosen = sweep_plans(plans)
     rows = []
-    for plan, cluster, pred in local_plans(model, profile):
-        run_dir = out_dir / plan.id
+    for n, (model, plan) in enumerate(chosen, 1):
+        rid = row_id(model, plan)
+        pred, assumptions = predict(model, plan)
+        run_dir = out_dir / rid
         plan_path = write_plan_file(run_dir / "plan.yaml", PlanFile(
             model=model, plan=plan, prediction=pred,
-            cluster={"name": cluster.name, "nodes": 1, "ranks": plan.world_size,
-                     "peak_flops_per_device": cluster.device.peak(plan.dtype)}))
-        console.print(f"running {plan.id} ({plan.world_size} rank(s) on the machine's cores, "
-                      f"{steps} steps) ...")
-        summary = run_plan(plan_path, steps=steps, out_dir=run_dir)
+            cluster={"name": "localhost-cpu", "nodes": 1, "ranks": plan.world_size,
+                     "peak_flops_per_device": assumptions["peak_flops"]}))
+        console.print(f"[{n}/{len(chosen)}] {rid}: predicted "
+                      f"{fmt_time_s(pred['step_time_s'])}, running {plan.world_size} rank(s) "
+                      f"for {steps} steps ...", highlight=False)
+        summary = run_plan(plan_path, steps=steps, out_dir=run_dir, quiet=True,
+                           timeout_s=timeout_s)
         measured = summary["step_time_s"]
-        rows.append({"id": plan.id, "world_size": plan.world_size,
+        rows.append({"id": rid, "model": model.name, "world_size": plan.world_size,
                      "predicted_step_time_s": pred["step_time_s"],
                      "measured_step_time_s": measured,
                      "rel_error": (pred["step_time_s"] - measured) / measured,
                      "predicted_tokens_per_s": pred["tokens_per_s"],
                      "measured_tokens_per_s": summary["tokens_per_s"],
-                     "final_loss": summary["final_loss"]})
-    df = pd.DataFrame(rows)
-    mape = float(df["rel_error"].abs().mean())
-    result = {"rows": rows, "mape": mape, "steps": steps, "assumptions": {
-        "model": model.name, "global_batch": COMPARE_GLOBAL_BATCH, "seq_len": model.seq_len,
-        "dtype": "fp32", "threads_per_rank": 1, "device_profile": profile_dict(profile),
+                     "predicted_mfu": pred["mfu"], "measured_mfu": summary["mfu"],
+                     "final_loss": summary["final_loss"],
+                     "ranks_per_core": assumptions["ranks_per_core"],
+                     "assumptions": assumptions})
+    result = summarize_rows(rows)
+    result |= {"steps": steps, "assumptions": {
+        "profile": rows[0]["assumptions"]["profile"] if rows else None,
+        "global_batch": COMPARE_GLOBAL_BATCH, "dtype": "fp32", "threads_per_rank": 1,
+        "cores": os.cpu_count(), "load_average_1m": _load_average(),
         "measured": "median step time after the first (warm-up) step, rank 0"}}
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2))
-    plot_compare(df, out_dir / "compare.png")
-    print_table(console, df, "predicted vs measured (tiny-gpt, localhost-cpu, 1 thread per rank)",
+    df = pd.DataFrame(rows)
+    plot_compare(df, out_dir / "compare.png", result)
+    print_table(console, df, "predicted vs measured (localhost-cpu, 1 thread per rank)",
                 COMPARE_TABLE)
-    console.print(f"MAPE {100 * mape:.1f}% over {len(df)} plans; wrote {out_dir / 'compare.json'}"
-                  f" and {out_dir / 'compare.png'}")
+    console.print(summary_line(result), highlight=False)
+    console.print(f"assumptions: profile {result['assumptions']['profile']}, 1 thread per rank,"
+                  f" {os.cpu_count()} cores; wrote {out_dir / 'compare.json'} and "
+                  f"{out_dir / 'compare.png'}", highlight=False)
     return result
 
 
-def profile_dict(profile) -> dict:
-    """The device profile fields that shaped the predictions (SI units)."""
-    return {"name": profile.name, "peak_flops": dict(profile.peak_flops),
-            "matmul_efficiency": profile.matmul_efficiency,
-            "memory_bandwidth_Bps": profile.memory_bandwidth_Bps,
-            "memory_efficiency": profile.memory_efficiency}
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
-def plot_compare(df: pd.DataFrame, path: Path) -> None:
-    """Grouped bars of predicted and measured step time per plan, saved as PNG."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    x = range(len(df))
-    ax.bar([i - 0.2 for i in x], df["predicted_step_time_s"] * 1e3, 0.4, label="predicted")
-    ax.bar([i + 0.2 for i in x], df["measured_step_time_s"] * 1e3, 0.4, label="measured")
-    ax.set_xticks(list(x), df["id"], rotation=15, fontsize=8)
-    ax.set_ylabel("step time (ms)")
-    ax.set_title("tiny-gpt on localhost-cpu: predicted vs measured")
-    ax.legend()
+def summarize_rows(rows: list[dict]) -> dict:
+    """MAPE, worst plan, Spearman rank correlation of predicted vs measured step time, and
+    whether the predicted best plan (of the first model) is the measured best, or within
+    `BEST_PLAN_TOLERANCE` of it.
+
+    >>> r = summarize_rows([
+    ...     {"id": "a", "model": "m", "predicted_step_time_s": 1.0, "measured_step_time_s": 1.0,
+    ...      "rel_error": 0.0},
+    ...     {"id": "b", "model": "m", "predicted_step_time_s": 2.2, "measured_step_time_s": 2.0,
+    ...      "rel_error": 0.1}])
+    >>> round(r["mape"], 3), r["worst"]["id"], round(r["spearman"], 6), r["best_plan_match"]
+    (0.05, 'b', 1.0, True)
+    """
+    if not rows:
+        return {"rows": [], "mape": float("nan"), "spearman": float("nan"),
+                "best_plan_match": False}
+    df = pd.DataFrame(rows)
+    worst = df.loc[df["rel_error"].abs().idxmax()]
+    # Spearman = Pearson of the ranks (ties get their average rank); pandas' own
+    # method="spearman" needs scipy, which the project does not depend on.
+    spearman = (float(df["predicted_step_time_s"].rank().corr(
+        df["measured_step_time_s"].rank())) if len(df) > 1 else float("nan"))
+    first = df[df["model"] == df["model"].iloc[0]]
+    pred_best = first.loc[first["predicted_step_time_s"].idxmin()]
+    meas_best = first.loc[first["measured_step_time_s"].idxmin()]
+    gap = pred_best["measured_step_time_s"] / meas_best["measured_step_time_s"] - 1
+    return {"rows": rows, "mape": float(df["rel_error"].abs().mean()),
+            "worst": {"id": worst["id"], "rel_error": float(worst["rel_error"])},
+            "spearman": spearman,
+            "best_plan_match": bool(gap <= BEST_PLAN_TOLERANCE),
+            "predicted_best": pred_best["id"], "measured_best": meas_best["id"],
+            "predicted_best_gap": float(gap)}
+
+
+def summary_line(result: dict) -> str:
+    """One line: MAPE, worst plan, Spearman, best-plan match."""
+    worst = result.get("worst") or {"id": "-", "rel_error": float("nan")}
+    match = "yes" if result["best_plan_match"] else "no"
+    return (f"MAPE {100 * result['mape']:.1f}% over {len(result['rows'])} plans; worst "
+            f"{worst['id']} {100 * worst['rel_error']:+.1f}%; Spearman "
+            f"{result['spearman']:.2f}; predicted best {result.get('predicted_best')} vs "
+            f"measured best {result.get('measured_best')}: {match} "
+            f"(within {100 * BEST_PLAN_TOLERANCE:.0f}%)")
+
+
+def plot_compare(df: pd.DataFrame, path: Path, result: dict | None = None) -> None:
+    """Predicted vs measured step time per plan (log-log scatter, y = x and ±10% band)."""
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    meas, pred = df["measured_step_time_s"] * 1e3, df["predicted_step_time_s"] * 1e3
+    lo, hi = 0.8 * min(meas.min(), pred.min()), 1.25 * max(meas.max(), pred.max())
+    line = [lo, hi]
+    ax.plot(line, line, color="grey", lw=1, label="predicted = measured")
+    ax.fill_between(line, [0.9 * v for v in line], [1.1 * v for v in line], color="grey",
+                    alpha=0.15, label="±10%")
+    for ws, marker in ((1, "o"), (2, "s"), (4, "^")):
+        sel = df["world_size"] == ws
+        ax.scatter(meas[sel], pred[sel], marker=marker, s=40, label=f"{ws} rank(s)")
+    for m, p, rid in zip(meas, pred, df["id"], strict=True):
+        ax.annotate(rid.replace("-gb8", ""), (m, p), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    title = "localhost-cpu: predicted vs measured"
+    if result and result.get("rows"):
+        title += (f"\nMAPE {100 * result['mape']:.1f}%, Spearman {result['spearman']:.2f}, "
+                  f"{len(result['rows'])} plans")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -126,3 +126,10 @@ class ByteBatches:
             raise ValueError(f"global_batch={self.global_batch} is not divisible by dp={dp}")
         local = self.global_batch // dp
         return self.samples(step * self.global_batch + dp_rank * local, local)
+
+    def local_sample_ids(self, step: int, dp_rank: int, dp: int) -> list[int]:
+        """Global sample indices of `local_batch_at` (``step`` 0-based): the ids a run records
+        per DP rank so that a resumed run can be checked to skip and repeat nothing."""
+        local = self.global_batch // dp
+        first = step * self.global_batch + dp_rank * local
+        return list(range(first, first + local))

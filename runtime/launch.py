@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from planner.planfile import read_plan_file
+from runtime.faults import fault_cli_args
 
 #: Lines of output kept for the error message of a failed run.
 TAIL_LINES = 40
@@ -34,12 +35,19 @@ def free_port() -> int:
 
 def torchrun_command(plan_file_path: str | os.PathLike, *, steps: int, out_dir: str | os.PathLike,
                      data: str | os.PathLike | None = None, nproc: int | None = None,
-                     master_port: int | None = None, seed: int = 0) -> list[str]:
+                     master_port: int | None = None, seed: int = 0,
+                     save_params: str | os.PathLike | None = None, profile: bool = False,
+                     attention: str | None = None, max_restarts: int = 0,
+                     train_args: list[str] | None = None) -> list[str]:
     """The torchrun command line that trains ``plan_file_path`` for ``steps`` steps.
 
     Args:
         nproc: processes to start; defaults to the plan's world size (tp·pp·dp).
         master_port: rendezvous port on 127.0.0.1; defaults to a free one.
+        save_params, profile, attention: ``runtime.train``'s ``--save-params FILE``,
+            ``--profile`` and ``--attention sdpa|tiled`` (None / False: not passed).
+        max_restarts: torchrun ``--max-restarts`` (the whole group restarts on a failure).
+        train_args: more ``runtime.train`` flags (`runtime.elastic.fault_cli_args`).
     Raises:
         PlanError: the plan file is missing or invalid.
     """
@@ -48,17 +56,27 @@ def torchrun_command(plan_file_path: str | os.PathLike, *, steps: int, out_dir: 
     port = free_port() if master_port is None else master_port
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(port),
-           "-m", "runtime.train", str(plan_file_path), "--steps", str(steps),
+           "--max-restarts", str(max_restarts), "-m", "runtime.train", str(plan_file_path), "--steps", str(steps),
            "--out", str(out_dir), "--seed", str(seed)]
+    if save_params is not None:
+        cmd += ["--save-params", str(save_params)]
+    if profile:
+        cmd += ["--profile"]
+    if attention is not None:
+        cmd += ["--attention", attention]
     if data is not None:
         cmd += ["--data", str(data)]
-    return cmd
+    return cmd + list(train_args or [])
 
 
 def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              out_dir: str | os.PathLike | None = None, data: str | os.PathLike | None = None,
              seed: int = 0, nproc: int | None = None, timeout_s: float | None = None,
-             quiet: bool = False) -> dict:
+             quiet: bool = False, save_params: str | os.PathLike | None = None,
+             profile: bool = False, attention: str | None = None, max_restarts: int = 0,
+             checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
+             inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
+             on_nan: str = "stop") -> dict:
     """Train a plan with torchrun (``OMP_NUM_THREADS=1``) and return its ``summary.json``.
 
     Args:
@@ -66,28 +84,48 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         nproc: processes to start (default: the plan's world size).
         timeout_s: kill the run after this many seconds (None: no limit).
         quiet: do not echo the run's output.
+        save_params: write the full parameters after the last step to this file.
+        profile: write torch profiler Chrome traces (``trace_rank{r}.json``) into out_dir.
+        attention: "sdpa" or "tiled" (default: $MESHPLAN_ATTENTION, else "sdpa").
+        max_restarts: torchrun restarts of the whole group after a failure.
+        checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan:
+            ``runtime.train``'s ``--checkpoint-every K``, ``--keep N``, ``--resume DIR``,
+            ``--inject SPEC`` (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
     Raises:
-        RuntimeError: the run exited non-zero or timed out; the message starts with the ranks'
-            one-line input errors (if any) and ends with the last lines of the output.
+        RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
+            message starts with the ranks' one-line errors (if any) and ends with the last
+            lines of the output.
     """
     if out_dir is None:
         out_dir = Path("runs") / read_plan_file(plan_file_path).plan.id
     cmd = torchrun_command(plan_file_path, steps=steps, out_dir=out_dir, data=data,
-                           nproc=nproc, seed=seed)
+                           nproc=nproc, seed=seed, save_params=save_params, profile=profile,
+                           attention=attention, max_restarts=max_restarts,
+                           train_args=fault_cli_args(
+                               checkpoint_every=checkpoint_every, keep=keep, resume=resume,
+                               inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    rc, tail = _stream(cmd, env, timeout_s, quiet)
+    rc, tail, error_lines = _stream(cmd, env, timeout_s, quiet)
     if rc != 0:
-        errors = list(dict.fromkeys(ln for ln in tail if ln.startswith(ERROR_PREFIX)))
+        errors = list(dict.fromkeys(error_lines))
         raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
                            + "".join(errors) + "last output:\n" + "".join(tail))
-    return json.loads((Path(out_dir) / "summary.json").read_text())
+    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    if "error" in summary:                   # stopped on purpose (runtime.elastic.StopTraining)
+        raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
+    return summary
 
 
 def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool
-            ) -> tuple[int, collections.deque]:
-    """Run ``cmd``, echo its merged stdout/stderr line by line; (exit status, output tail)."""
+            ) -> tuple[int, collections.deque, list[str]]:
+    """Run ``cmd``, echo its merged stdout/stderr line by line.
+
+    Returns:
+        (exit status, the last TAIL_LINES lines, every line that starts with ERROR_PREFIX).
+    """
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    error_lines: list[str] = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, start_new_session=True)
     timer = None
@@ -97,10 +135,12 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool
     try:
         for line in proc.stdout:
             tail.append(line)
+            if line.startswith(ERROR_PREFIX):
+                error_lines.append(line)
             if not quiet:
                 sys.stdout.write(line)
                 sys.stdout.flush()
-        return proc.wait(), tail
+        return proc.wait(), tail, error_lines
     finally:
         if timer is not None:
             timer.cancel()

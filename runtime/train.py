@@ -1,13 +1,21 @@
 """Per-rank training entry point, run under torchrun (see `runtime.launch`).
 
     python -m torch.distributed.run --nproc-per-node W ... -m runtime.train PLAN.yaml \
-        --steps N --out DIR [--data FILE] [--seed 0]
+        --steps N --out DIR [--data FILE] [--seed 0] [--attention sdpa|tiled]
+        [--save-params FILE] [--profile]
+        [--checkpoint-every K] [--keep N] [--resume DIR] [--inject SPEC ...] [--timeout-s S]
+        [--on-nan stop|skip]       (fault tolerance: `runtime.elastic`, docs/faults.md)
 
 Every rank reads the plan file, builds the full model from the seed (so the start equals the
 single-process model), shards it with the plan's TP / PP / DP (`runtime.parallelize`) and trains
 with AdamW on byte-level text (`runtime.data`). Rank 0 appends one JSON record per step to
 ``DIR/metrics.jsonl``, prints the same record as one stable line, and at the end writes
-``DIR/summary.json`` and copies the plan file to ``DIR/plan.yaml``.
+``DIR/summary.json`` and copies the plan file to ``DIR/plan.yaml`` (the record's keys:
+`runtime.metrics`). ``--save-params`` writes the full parameters after the last optimizer step
+(`runtime.params`); ``--profile`` writes one torch profiler Chrome trace per rank
+(``DIR/trace_rank{r}.json``) and fills ``comm_time_s`` from it. ``--attention tiled`` runs our
+FlashAttention-2 kernel (`runtime.attention`) instead of SDPA (default: $MESHPLAN_ATTENTION,
+else "sdpa").
 
 Steps are numbered from 1 in the logs; step k trains on data step k-1's global batch.
 Input errors (bad plan, wrong world size, missing data) print one line per rank and exit 2
@@ -21,7 +29,6 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -30,12 +37,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.planfile import PlanFile, read_plan_file
-from planner.spec import PlanError, check_plan, training_flops_per_token
+from planner.spec import PlanError, check_plan
 from runtime.data import ByteBatches, read_corpus
+from runtime.elastic import Resilience, StopTraining, add_fault_args, fault_args_error
 from runtime.launch import ERROR_PREFIX
-from runtime.model import Transformer, cross_entropy_loss
+from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
+from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
 from runtime.parallelize import (
     apply_dp,
     apply_pp,
@@ -43,11 +54,18 @@ from runtime.parallelize import (
     apply_tp,
     build_mesh,
     gradient_sync,
+    sum_tied_embedding_grads,
+    tied_embedding_group,
 )
+from runtime.params import save_full_parameters
+
+__all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
 
 #: AdamW settings shared with `runtime.reference` (fixed learning rate, no weight decay).
 LEARNING_RATE = 1e-3
 ADAM_BETAS = (0.9, 0.95)
+#: Seconds a rank that found an input error waits before exiting (see `main`).
+INPUT_ERROR_GRACE_S = 2.0
 #: Seconds a collective (or the store rendezvous) may wait before the run fails.
 DIST_TIMEOUT_S = 120
 
@@ -76,17 +94,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default=None, help="train on the bytes of this file "
                         "(default: the Python standard library's source)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the init and the data order")
+    parser.add_argument("--attention", choices=ATTENTION_IMPLS,
+                        default=os.environ.get("MESHPLAN_ATTENTION", "sdpa"),
+                        help="attention kernel: PyTorch SDPA or our tiled FlashAttention-2")
+    parser.add_argument("--save-params", default=None, metavar="FILE",
+                        help="torch.save the full parameters after the last step (rank 0)")
+    parser.add_argument("--profile", action="store_true",
+                        help="write a torch profiler Chrome trace per rank into --out")
+    add_fault_args(parser)      # --checkpoint-every, --resume, --inject, ... (runtime.elastic)
     return parser.parse_args(argv)
 
 
-def init_distributed(backend: str) -> tuple[int, int]:
+def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Create the default process group; returns (rank, world_size).
 
     Under torchrun the store is torchrun's agent store, namespaced per restart attempt: without
     the prefix, restarted gloo workers hang or fail in connectFullMesh in most runs (measured on
     torch 2.13 with gloo: 11 of 14 first restarts). Outside torchrun: one process, a HashStore.
     """
-    timeout = timedelta(seconds=DIST_TIMEOUT_S)
+    timeout = timedelta(seconds=DIST_TIMEOUT_S if timeout_s is None else timeout_s)
     if "RANK" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout)
@@ -105,7 +131,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
     """Read the plan and the data and check the launch, before any collective.
 
     Raises:
-        PlanError: invalid plan, vocabulary too small for bytes, or world size != tp·pp·dp.
+        PlanError: invalid plan, vocabulary too small for bytes, sequence parallelism over a
+            length tp does not divide, or world size != tp·pp·dp.
         FileNotFoundError / ValueError: missing or too short ``--data``.
     """
     pf = read_plan_file(args.plan)
@@ -116,6 +143,9 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
                         f"{plan.dp} = {plan.world_size}, but {world} process(es) were started; "
                         f"launch with --nproc-per-node {plan.world_size}")
     check_plan(model, plan)
+    if plan.sequence_parallel and model.seq_len % plan.tp:
+        raise PlanError(f"sequence_parallel shards seq_len={model.seq_len} over tp={plan.tp}, "
+                        f"which does not divide it; use seq_len a multiple of {plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
     if args.steps < 1:
@@ -123,19 +153,22 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
     return pf, read_corpus(args.data, model.seq_len)
 
 
-def build_step(pf: PlanFile, mesh, device: torch.device, seed: int
-               ) -> tuple[list[torch.nn.Parameter], StepFn]:
-    """The parallel model's parameters and a function that runs one step's forward + backward.
+def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str = "sdpa"
+               ) -> tuple[list[torch.nn.Module], StepFn]:
+    """This rank's parallel modules and a function that runs one step's forward + backward.
 
     The step function takes this DP rank's (B/dp, T) inputs and targets and returns this rank's
     share of the global mean loss (all ranks' shares sum to it).
     """
-    model, plan = Transformer(pf.model, seed=seed).to(device), pf.plan
-    amp = autocast_context(plan.dtype, device)
+    model = Transformer(pf.model, seed=seed, attention=attention).to(device)
+    plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
+    # vocabulary-parallel loss on the DTensor logits; pipeline stages pass plain tensors instead
+    vocab_loss = plan.tp > 1 and plan.pp == 1
 
     def parallelize(module):
         if plan.tp > 1:
-            apply_tp(module, mesh["tp"])
+            apply_tp(module, mesh["tp"], sequence_parallel=plan.sequence_parallel,
+                     loss_parallel=vocab_loss)
         apply_recompute(module, plan.recompute)
         if plan.dp > 1 or plan.zero_stage > 0:
             module = apply_dp(module, mesh["dp"], zero_stage=plan.zero_stage)
@@ -143,28 +176,41 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int
 
     if plan.pp == 1:
         module = parallelize(model)
-        return list(module.parameters()), _accumulation_step(module, plan, amp)
+        return [module], _accumulation_step(module, plan, amp, vocab_loss)
     stages, schedule, modules = apply_pp(model, plan, mesh["pp"], cross_entropy_loss,
                                          device=device, parallelize_fn=parallelize)
-    params = [p for m in modules for p in m.parameters()]
-    return params, _pipeline_step(stages, schedule, plan, amp, device)
+    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings else None
+    step = _pipeline_step(stages, schedule, plan, amp, device)
+
+    def step_and_sum_tied(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        share = step(inputs, targets)
+        sum_tied_embedding_grads(modules, tied)
+        return share
+
+    return modules, step_and_sum_tied if pf.model.tied_embeddings else step
 
 
-def _accumulation_step(module, plan, amp) -> StepFn:
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor loss (from ``loss_parallel``) as a plain tensor."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _accumulation_step(module, plan, amp, vocab_loss: bool) -> StepFn:
     """Gradient accumulation over plan.num_microbatches (loss scaled by 1/num_microbatches);
     the DP gradient reduction runs on the last micro-batch only."""
     n, share = plan.num_microbatches, 1.0 / plan.world_size
+    loss_ctx = loss_parallel if vocab_loss else contextlib.nullcontext
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         total = torch.zeros((), device=inputs.device)
         pairs = zip(inputs.split(plan.micro_batch), targets.split(plan.micro_batch), strict=True)
         # each (mb, T)
         for i, (x, y) in enumerate(pairs):
-            with gradient_sync(module, enabled=(i == n - 1)):
+            with gradient_sync(module, enabled=(i == n - 1)), loss_ctx():
                 with amp:
                     loss = cross_entropy_loss(module(x), y) / n
                 loss.backward()
-            total += loss.detach()
+            total += _plain(loss.detach())
         return total * share          # every rank (TP peers too) holds a DP replica's mean
 
     return step
@@ -189,31 +235,18 @@ def _pipeline_step(stages, schedule, plan, amp, device) -> StepFn:
     return step
 
 
-def global_loss(share: torch.Tensor) -> float:
-    """Sum the ranks' loss shares: the mean loss over the global batch, known on every rank."""
-    total = share.detach().clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return float(total)
+def gather_step_stats(share: torch.Tensor, memory_bytes: int) -> tuple[float, list[int]]:
+    """One all-gather of (loss share, peak memory) over all ranks; it also syncs the ranks.
 
-
-def step_record(step: int, loss: float, step_time_s: float, pf: PlanFile) -> dict:
-    """The metrics.jsonl record of one step (tokens_per_s is global; mfu is None without a
-    ``peak_flops_per_device`` in the plan file's cluster block)."""
-    tokens = pf.plan.global_batch * pf.model.seq_len
-    tokens_per_s = tokens / step_time_s
-    peak = pf.cluster.get("peak_flops_per_device")
-    mfu = (training_flops_per_token(pf.model) * tokens_per_s / (pf.plan.world_size * peak)
-           if peak else None)
-    return {"step": step, "loss": loss, "step_time_s": step_time_s,
-            "tokens_per_s": tokens_per_s, "mfu": mfu}
-
-
-def format_step(record: dict) -> str:
-    """The stable human step line, e.g. ``step: 3  loss: 5.1234  step_time_s: 0.412 ...``."""
-    mfu = "n/a" if record["mfu"] is None else f"{100 * record['mfu']:.2f}"
-    return (f"step: {record['step']}  loss: {record['loss']:.4f}  "
-            f"step_time_s: {record['step_time_s']:.3f}  "
-            f"tokens_per_s: {record['tokens_per_s']:.0f}  mfu_pct: {mfu}")
+    Returns:
+        (the global mean loss = the sum of the shares, peak memory bytes per rank).
+    """
+    mine = torch.tensor([float(share), float(memory_bytes)], dtype=torch.float64,
+                        device=share.device)
+    every = torch.empty(dist.get_world_size() * 2, dtype=torch.float64, device=share.device)
+    dist.all_gather_into_tensor(every, mine)
+    every = every.view(-1, 2).cpu()                              # (world, 2)
+    return float(every[:, 0].sum()), [int(m) for m in every[:, 1]]
 
 
 def plan_notes(pf: PlanFile, backend: str) -> list[str]:
@@ -221,22 +254,10 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
     notes = []
     if _run_dtype(pf, backend) != pf.plan.dtype:
         notes.append(f"dtype {pf.plan.dtype} runs as {_run_dtype(pf, backend)} on {backend}")
-    if pf.plan.sequence_parallel:
-        notes.append("sequence_parallel is not applied yet (TP activations stay replicated)")
+    if pf.plan.zero_stage in (1, 2):
+        notes.append(f"zero_stage {pf.plan.zero_stage} runs as FSDP2 without resharding after "
+                     "forward (sharded optimizer state and reduce-scattered gradients)")
     return notes
-
-
-def summarize(records: list[dict], pf: PlanFile, backend: str) -> dict:
-    """summary.json: losses, and the median step time over the steps after the first."""
-    timed = records[1:] or records
-    step_time_s = statistics.median(r["step_time_s"] for r in timed)
-    rec = step_record(len(records), records[-1]["loss"], step_time_s, pf)
-    return {"plan_id": pf.plan.id, "world_size": pf.plan.world_size, "steps": len(records),
-            "losses": [r["loss"] for r in records], "final_loss": records[-1]["loss"],
-            "step_time_s": step_time_s, "tokens_per_s": rec["tokens_per_s"], "mfu": rec["mfu"],
-            "backend": backend, "ranks": pf.plan.world_size, "cores": os.cpu_count(),
-            "threads_per_rank": torch.get_num_threads(), "dtype": _run_dtype(pf, backend),
-            "notes": plan_notes(pf, backend), "prediction": pf.prediction}
 
 
 def _run_dtype(pf: PlanFile, backend: str) -> str:
@@ -257,34 +278,75 @@ def select_device(plan_dtype: str) -> tuple[str, torch.device]:
 def train(args: argparse.Namespace, pf: PlanFile, tokens: torch.Tensor) -> None:
     """Run ``args.steps`` steps of the plan; rank 0 writes the run folder."""
     backend, device = select_device(pf.plan.dtype)
-    rank, _ = init_distributed(backend)
+    rank, _ = init_distributed(backend, args.timeout_s)
     try:
         mesh = build_mesh(pf.plan, device.type)
-        params, step_fn = build_step(pf, mesh, device, args.seed)
-        optimizer = make_optimizer(params)
+        modules, step_fn = build_step(pf, mesh, device, args.seed, args.attention)
+        optimizer = make_optimizer([p for m in modules for p in m.parameters()])
         batches = ByteBatches(tokens, seq_len=pf.model.seq_len,
                               global_batch=pf.plan.global_batch, seed=args.seed)
-        out, dp_rank, records = Path(args.out), mesh["dp"].get_local_rank(), []
+        out, dp_rank = Path(args.out), mesh["dp"].get_local_rank()
+        resilience = Resilience(args, modules=modules, optimizer=optimizer, mesh=mesh,
+                                batches=batches, dp=pf.plan.dp)
+        step_fn = resilience.wrap(step_fn)
+        first_step, records = resilience.resume()    # a restart continues from its checkpoint
+        notes = plan_notes(pf, backend)
         if rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "metrics.jsonl").write_text("")
-            for note in plan_notes(pf, backend):
+            for note in notes:
                 print(f"note: {note}", flush=True)
-        for k in range(args.steps):
-            start = time.perf_counter()
-            inputs, targets = batches.local_batch_at(k, dp_rank, pf.plan.dp)   # (B/dp, T)
-            optimizer.zero_grad(set_to_none=True)
-            share = step_fn(inputs.to(device), targets.to(device))
-            optimizer.step()
-            loss = global_loss(share)                 # all-reduce: also syncs the ranks
-            record = step_record(k + 1, loss, time.perf_counter() - start, pf)
+        prof = _profiler(device) if args.profile else contextlib.nullcontext()
+        with prof:
+            for k in range(first_step, args.steps):
+                start = time.perf_counter()
+                with torch.profiler.record_function(f"meshplan_step_{k + 1}"):
+                    inputs, targets = batches.local_batch_at(k, dp_rank, pf.plan.dp)  # (B/dp, T)
+                    optimizer.zero_grad(set_to_none=True)
+                    share = step_fn(inputs.to(device), targets.to(device))
+                    optimizer.step()
+                    loss, memory = gather_step_stats(share, peak_memory_bytes(device))
+                record = step_record(k + 1, loss, time.perf_counter() - start, pf,
+                                     peak_memory_bytes=memory)
+                if rank == 0:
+                    records.append(record)
+                    if not args.profile:
+                        _log_step(out, record)
+                resilience.after_step(k + 1, loss)    # NaN policy, consumed samples, checkpoint
+        resilience.close()
+        if args.profile:
+            out.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(out / f"trace_rank{rank}.json"))
             if rank == 0:
-                records.append(record)
-                _log_step(out, record)
+                events = prof.events()
+                windows = _step_windows(events)
+                for record in records[len(records) - (args.steps - first_step):]:
+                    lo, hi = windows[record["step"]]
+                    record["comm_time_s"] = comm_time_s(events, lo, hi)
+                    _log_step(out, record)
+        if args.save_params:
+            # tied: the last stage's out.weight is the same matrix as tok.weight
+            skip = {"out.weight"} if pf.model.tied_embeddings else set()
+            save_full_parameters(modules, args.save_params, skip=skip)
         if rank == 0:
-            _write_summary(out, summarize(records, pf, backend), args.plan)
+            _write_summary(out, summarize(records, pf, backend, notes, _run_dtype(pf, backend))
+                           | resilience.summary_fields(), args.plan)
+        # leave together: a gloo process group torn down while a peer still receives (rank 0's
+        # gather and writes above) aborted with "terminate called without an active exception"
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _profiler(device: torch.device):
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
+def _step_windows(events) -> dict[int, tuple[float, float]]:
+    """{step: (start_us, end_us)} of the profile's ``meshplan_step_k`` ranges."""
+    return {int(e.name.removeprefix("meshplan_step_")): (e.time_range.start, e.time_range.end)
+            for e in events if e.name.startswith("meshplan_step_")}
 
 
 def _log_step(out: Path, record: dict) -> None:
@@ -294,6 +356,10 @@ def _log_step(out: Path, record: dict) -> None:
 
 
 def _write_summary(out: Path, summary: dict, plan_path: str) -> None:
+    # Every run is a data point: (predicted − measured) / measured step time of its plan file.
+    predicted = (summary.get("prediction") or {}).get("step_time_s")
+    summary["prediction_error"] = (None if not predicted else
+                                   (predicted - summary["step_time_s"]) / summary["step_time_s"])
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if Path(plan_path).resolve() != (out / "plan.yaml").resolve():
         shutil.copyfile(plan_path, out / "plan.yaml")
@@ -304,11 +370,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         pf, tokens = check_inputs(args)
+        if (problem := fault_args_error(args)) is not None:
+            raise ValueError(problem)
     except (PlanError, FileNotFoundError, ValueError) as exc:
         rank = os.environ.get("RANK", "0")
         print(f"{ERROR_PREFIX} (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # torchrun kills the other ranks as soon as one exits; every rank runs the same
+            # checks, so a short grace lets each of them print its own line first
+            time.sleep(INPUT_ERROR_GRACE_S)
         return 2
-    train(args, pf, tokens)
+    try:
+        train(args, pf, tokens)
+    except StopTraining as exc:
+        # exit 0 so that torchrun does not restart a run that stopped on purpose; the error
+        # is in summary.json and `runtime.launch.run_plan` raises it
+        print(f"{ERROR_PREFIX} (rank {os.environ.get('RANK', '0')}): {exc}", file=sys.stderr,
+              flush=True)
     return 0
 
 

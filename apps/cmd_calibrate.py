@@ -1,0 +1,61 @@
+"""`meshplan calibrate`: measure this machine and write a localhost-cpu hardware profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from apps.format import fmt_time_s
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from apps.compare import sweep_models
+    from simulator.calibrate import calibrate, profile_dir, write_profile
+    console = Console(stderr=bool(args.json))
+    models = sweep_models()
+    specs = [models[name] for name in args.models] if args.models else list(models.values())
+    console.print(f"calibrating this machine for {', '.join(s.name for s in specs)}: compute "
+                  f"with 1..{args.ranks} processes at once, gloo on up to {args.ranks} ranks "
+                  f"(1 thread per rank)", highlight=False)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("starting workers", total=1.0)
+
+        def progress(what: str, fraction: float) -> None:
+            bar.update(task, advance=fraction, description=what)
+
+        mapping = calibrate(specs, ranks=args.ranks, iters=args.iters, progress=progress)
+    path = write_profile(mapping, args.out)
+    device = next(iter(mapping["device"].values()))
+    coll = mapping.get("collective", {})
+    console.print(f"one core: fp32 GEMM {device['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s best "
+                  f"(x{device['matmul_efficiency']:.2f} at the layer shapes), copy "
+                  f"{device['memory_bandwidth_Bps'] / 1e9:.1f} GB/s; gloo all-reduce on "
+                  f"{args.ranks} ranks: alpha {fmt_time_s(coll.get('latency_s', 0.0))}, "
+                  f"{coll.get('bandwidth_Bps', 0.0) / 1e9:.2f} GB/s; took "
+                  f"{mapping['calibration']['seconds']:.0f} s", highlight=False)
+    where = "" if args.out else f" (the newest in {profile_dir()} is what localhost-cpu uses)"
+    console.print(f"wrote {path}{where}", highlight=False)
+    if args.json:
+        print(json.dumps({"profile": str(path), **mapping["calibration"]}))
+    return 0
+
+
+def add_calibrate_parser(sub) -> None:
+    """Register ``meshplan calibrate`` on the CLI's subparsers."""
+    from apps.compare import sweep_models
+    sc = sub.add_parser("calibrate", help="measure this machine (GEMM, attention, gloo, "
+                        "framework overhead) into a localhost-cpu profile")
+    sc.add_argument("--ranks", type=int, default=4, help="most processes measured at once "
+                    "(default 4)")
+    sc.add_argument("--out", help="profile file (default: $MESHPLAN_PROFILE_DIR or "
+                    "runs/profiles, localhost-cpu-<UTC time>.yaml)")
+    sc.add_argument("--models", nargs="+", choices=sorted(sweep_models()),
+                    help="model shapes to calibrate (default: both compare models)")
+    sc.add_argument("--iters", type=int, default=5, help="timed iterations per benchmark")
+    sc.add_argument("--json", action="store_true", help="print the profile path as JSON")
+    sc.set_defaults(func=cmd_calibrate)

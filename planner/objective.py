@@ -1,0 +1,68 @@
+"""Rank searched plans by goodput: the tokens per second that survive failures.
+
+For every ranked plan: the job fails at the rate of its ``world_size`` devices (device MTBF,
+plus node MTBF per node when given); a checkpoint writes the training state (fp32 weights and
+Adam's two moments, 12 bytes per parameter) over the storage bandwidth, or over the plan's
+writers' own bandwidth when that is smaller (DCP writes each unique shard once: tp·pp ranks
+hold distinct shards, all ranks under ZeRO / FSDP); the checkpoint interval is Daly's optimum
+and the goodput the first-order model of `simulator.goodput.expected_goodput`.
+``effective_tokens_per_s`` = tokens/s × goodput, and the table is sorted by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from planner.spec import ModelSpec, Plan
+from simulator.failures import job_goodput, training_state_bytes
+
+#: Defaults: a parallel file system share, one writer's storage path, a restart.
+STORAGE_BANDWIDTH_BPS = 50e9
+WRITER_BANDWIDTH_BPS = 2e9
+RESTART_S = 300.0
+
+
+def checkpoint_writers(plan: Plan) -> int:
+    """Ranks that write distinct shards of the state (see the module docstring)."""
+    return plan.tp * plan.pp * (plan.dp if plan.zero_stage > 0 else 1)
+
+
+def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
+                    devices_per_node: int = 8, node_mtbf_s: float | None = None,
+                    storage_bandwidth_Bps: float = STORAGE_BANDWIDTH_BPS,
+                    writer_bandwidth_Bps: float = WRITER_BANDWIDTH_BPS,
+                    restart_s: float = RESTART_S):
+    """``result`` (a `planner.search.SearchResult`) re-ranked by effective tokens/s.
+
+    Adds the columns ``goodput``, ``effective_tokens_per_s``, ``checkpoint_s``,
+    ``checkpoint_interval_s`` and ``job_mtbf_s`` to ``result.ranked``.
+    """
+    ranked = result.ranked.copy()
+    if ranked.empty:
+        return result
+    state = training_state_bytes(model.num_params())
+    rows = []
+    for plan_id, tokens_per_s in zip(ranked["id"], ranked["tokens_per_s"], strict=True):
+        plan = result.plans[plan_id]
+        g = job_goodput(tokens_per_s=tokens_per_s, num_devices=plan.world_size,
+                        device_mtbf_s=device_mtbf_s, state_bytes=state,
+                        storage_bandwidth_Bps=storage_bandwidth_Bps, restart_s=restart_s,
+                        devices_per_node=devices_per_node, node_mtbf_s=node_mtbf_s,
+                        writers=checkpoint_writers(plan),
+                        writer_bandwidth_Bps=writer_bandwidth_Bps)
+        rows.append((g.goodput, g.effective_tokens_per_s, g.checkpoint_s, g.interval_s,
+                     g.mtbf_s))
+    for i, name in enumerate(("goodput", "effective_tokens_per_s", "checkpoint_s",
+                              "checkpoint_interval_s", "job_mtbf_s")):
+        ranked[name] = [row[i] for row in rows]
+    ranked = ranked.sort_values(["effective_tokens_per_s", "peak_memory_bytes"],
+                                ascending=[False, True], kind="stable").reset_index(drop=True)
+    return dataclasses.replace(result, ranked=ranked)
+
+
+def hours_to_s(hours: float) -> float:
+    """MTBF hours to seconds (rejects non-positive values)."""
+    if not hours > 0 or math.isinf(hours):
+        raise ValueError(f"--mtbf-hours={hours} must be a positive number of hours")
+    return hours * 3600.0

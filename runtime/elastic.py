@@ -1,0 +1,351 @@
+"""Fault tolerance of one training job: checkpoints, exact resume, injected faults, NaN policy.
+
+`runtime.train` builds one `Resilience` per rank after its model and optimizer and calls it at
+four points: ``wrap`` (the step function), ``resume`` (before the loop), ``after_step`` (after
+each step's record) and ``close`` (after the loop). Under ``torchrun --max-restarts`` a failed
+attempt is restarted as a whole group; the new attempt finds the newest valid checkpoint in
+``OUT/checkpoints`` and continues from it, so the job's files describe the whole job:
+
+- ``metrics.jsonl`` keeps the steps up to the checkpoint and drops the replayed ones (each step
+  is logged once, by the attempt that kept it);
+- ``consumed/dp{r}.jsonl``: the sample ids data-parallel rank r trained on, one line per step
+  (same rule), so a test can compare the ordered list with an uninterrupted run's;
+- ``faults/events.jsonl``: attempts, resumes, checkpoints and step end times (rank 0), from
+  which ``summary.json`` gets ``restarts``, ``steps_lost`` (steps computed again, counting the
+  interrupted one), ``wall_time_lost_s`` (from the end of the step a restart resumed from to
+  training again: the lost work plus detection, restart and load) and ``wall_time_s``.
+
+Exact resume: a checkpoint holds model and optimizer state (DCP), and per rank the RNG states
+and the data position (steps done, samples this DP rank consumed). The data loader is a pure
+function of (seed, step) (`runtime.data.ByteBatches`), so the resumed run trains on sample
+``k·B`` onwards, whatever the number of steps left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from runtime.checkpoint import CheckpointManager, list_checkpoints, rng_state, set_rng_state
+from runtime.faults import Injector, parse_faults, plan_file_faults
+
+#: NaN loss policies: stop the run with an error, or skip the step's update.
+ON_NAN = ("stop", "skip")
+
+
+def add_fault_args(parser: argparse.ArgumentParser) -> None:
+    """The fault-tolerance flags of ``runtime.train``."""
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="asynchronous checkpoint every K steps (0: none)")
+    parser.add_argument("--keep", type=int, default=2, metavar="N",
+                        help="newest checkpoints kept (default 2)")
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="where checkpoints go (default: OUT/checkpoints)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="start from the newest valid checkpoint in DIR")
+    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                        help="inject a fault (repeatable): kill:rank=R,step=S, "
+                             "hang:rank=R,step=S, slow:rank=R,factor=F, "
+                             "corrupt-checkpoint:step=S, nan:step=S")
+    parser.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                        help="collective timeout in seconds: a hung rank becomes an error")
+    parser.add_argument("--on-nan", choices=ON_NAN, default="stop",
+                        help="a NaN loss stops the run with an error, or skips the update")
+    parser.add_argument("--sync-checkpoint", action="store_true",
+                        help="blocking dcp.save instead of async_save (for measurements)")
+
+
+def fault_args_error(args: argparse.Namespace) -> str | None:
+    """The first problem with the fault flags (checked before any collective), or None."""
+    try:
+        faults = parse_faults(all_fault_specs(args))
+    except ValueError as exc:
+        return str(exc)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for fault in faults:
+        if fault.rank is not None and fault.rank >= world:
+            return f"--inject {fault.spec}: rank {fault.rank} does not exist (world size {world})"
+    if args.checkpoint_every < 0:
+        return f"--checkpoint-every={args.checkpoint_every} must be >= 0"
+    if args.keep < 1:
+        return f"--keep={args.keep} must be >= 1"
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        return f"--timeout-s={args.timeout_s} must be > 0"
+    if args.resume is not None and not Path(args.resume).is_dir():
+        return f"--resume folder {args.resume!r} does not exist"
+    return None
+
+
+def all_fault_specs(args: argparse.Namespace) -> list[str]:
+    """``--inject`` specs followed by the plan file's ``faults:`` list."""
+    return list(args.inject) + plan_file_faults(args.plan)
+
+
+class StopTraining(RuntimeError):
+    """The run stops on purpose (a NaN loss with ``--on-nan stop``); not worth a restart."""
+
+
+def attempt_number() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+class Resilience:
+    """One rank's fault tolerance (see the module docstring).
+
+    Args:
+        args: `runtime.train`'s arguments (`add_fault_args`'s flags, ``--out``, ``--steps``).
+        modules / optimizer: this rank's parallel modules and their optimizer.
+        mesh: the run's DeviceMesh (axes "pp", "dp", "tp").
+        batches: the run's `runtime.data.ByteBatches`.
+        dp: the plan's data-parallel degree.
+    """
+
+    def __init__(self, args: argparse.Namespace, *, modules, optimizer, mesh, batches,
+                 dp: int) -> None:
+        self.args, self.modules, self.batches, self.dp = args, modules, batches, dp
+        self.rank = dist.get_rank()
+        self.out = Path(args.out)
+        self.attempt = attempt_number()
+        self.dp_rank = mesh["dp"].get_local_rank()
+        # one writer per DP rank: its first TP peer of the first pipeline stage
+        self.writes_consumed = mesh["tp"].get_local_rank() == 0 and \
+            mesh["pp"].get_local_rank() == 0
+        self.ckpt_dir = Path(args.checkpoint_dir or self.out / "checkpoints")
+        self.events = self.out / "faults" / "events.jsonl"
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            if self.attempt == 0:
+                shutil.rmtree(self.out / "faults", ignore_errors=True)
+                shutil.rmtree(self.out / "consumed", ignore_errors=True)
+                # a new job starts a clean OUT/checkpoints (never a --checkpoint-dir's content)
+                default_dir = args.checkpoint_dir is None
+                resumes_here = args.resume is not None and \
+                    Path(args.resume).resolve() == self.ckpt_dir.resolve()
+                if default_dir and not resumes_here:
+                    shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            self._event("attempt_start")
+        dist.barrier()
+        self.injector = Injector(parse_faults(all_fault_specs(args)), self.rank, self.out)
+        self.checkpoints = None
+        if args.checkpoint_every or args.resume:
+            self.checkpoints = CheckpointManager(
+                self.ckpt_dir, modules, optimizer, keep=args.keep,
+                asynchronous=not args.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
+                timeout_s=args.timeout_s or 120.0)
+        self.done = 0                  # steps done (the next step is done + 1)
+        self.records: list[dict] = []
+        self.skipped_steps: list[int] = []
+        self.fallbacks: list[str] = []
+        self._unlogged_checkpoint: int | None = None
+
+    # -- events ----------------------------------------------------------------------------
+    def _event(self, event: str, **fields) -> None:
+        self.events.parent.mkdir(parents=True, exist_ok=True)
+        line = {"event": event, "attempt": self.attempt, "time_unix_s": time.time(), **fields}
+        with self.events.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def _read_events(self) -> list[dict]:
+        if not self.events.exists():
+            return []
+        return [json.loads(line) for line in self.events.read_text().splitlines() if line]
+
+    # -- the step ---------------------------------------------------------------------------
+    def wrap(self, step_fn):
+        """The step function with this rank's faults (kill / hang / slow / nan) and the NaN
+        skip policy applied."""
+        def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            k = self.done + 1
+            self.injector.process_fault(k, before_dying=self._land)
+            start = time.perf_counter()
+            share = step_fn(inputs, targets)
+            if self.checkpoints is not None:
+                self.checkpoints.wait_staged()     # the optimizer step may change params now
+            if self.injector.slow_factor > 1.0:
+                time.sleep((self.injector.slow_factor - 1.0) * (time.perf_counter() - start))
+            if self.injector.nan_at(k):
+                share = share * float("nan")
+                for p in self._params():
+                    if p.grad is not None:
+                        p.grad.fill_(float("nan"))
+            if self.args.on_nan == "skip" and self._any_rank_nonfinite(share):
+                for p in self._params():
+                    p.grad = None                    # AdamW skips parameters without grads
+                self.skipped_steps.append(k)
+            return share
+        return step
+
+    def _params(self):
+        return (p for m in self.modules for p in m.parameters())
+
+    def _any_rank_nonfinite(self, share: torch.Tensor) -> bool:
+        flag = torch.tensor([0.0 if math.isfinite(float(share)) else 1.0], device=share.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _land(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.wait_landed()
+
+    # -- resume -----------------------------------------------------------------------------
+    def resume(self) -> tuple[int, list[dict]]:
+        """Load the newest valid checkpoint (a restart's own, else ``--resume``'s).
+
+        Returns:
+            (steps already done, the records of those steps on rank 0 ([] elsewhere)); the
+            caller appends its new records to that list.
+        """
+        source = None
+        if self.attempt > 0 and list_checkpoints(self.ckpt_dir):
+            source = self.ckpt_dir
+        elif self.args.resume is not None:
+            source = Path(self.args.resume)
+        step, extra = 0, None
+        if source is not None and self.checkpoints is not None:
+            step, extra, self.fallbacks = self.checkpoints.load_latest(source)
+            for line in self.fallbacks if self.rank == 0 else []:
+                print(f"meshplan checkpoint: {line}", flush=True)
+        if extra is not None:
+            set_rng_state(extra["rng"])
+            want = step * (self.batches.global_batch // self.dp)
+            if extra["samples_consumed"] != want or extra["dp_rank"] != self.dp_rank:
+                raise RuntimeError(f"checkpoint of step {step}: DP rank {extra['dp_rank']} "
+                                   f"consumed {extra['samples_consumed']} samples, this run "
+                                   f"expects DP rank {self.dp_rank} at {want}")
+        self.done = step
+        self._trim("metrics.jsonl", step, rank0=True)
+        if self.writes_consumed:
+            self._trim(f"consumed/dp{self.dp_rank}.jsonl", step)
+        if self.rank == 0:
+            path = self.out / "metrics.jsonl"
+            self.records = [json.loads(x) for x in path.read_text().splitlines() if x]
+            self._event("resumed", from_step=step, skipped=self.fallbacks,
+                        source=None if source is None else str(source))
+        return step, self.records
+
+    def _trim(self, name: str, step: int, *, rank0: bool = False) -> None:
+        """Keep the lines of ``OUT/name`` with "step" <= ``step`` (a fresh job: none)."""
+        if rank0 and self.rank != 0:
+            return
+        path = self.out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = path.read_text().splitlines() if path.exists() else []
+        kept = [x for x in lines if x and json.loads(x)["step"] <= step]
+        path.write_text("".join(x + "\n" for x in kept))
+
+    # -- after each step -----------------------------------------------------------------------
+    def after_step(self, step: int, loss: float) -> None:
+        """Record step ``step`` (1-based), stop on NaN if asked, checkpoint every K steps.
+
+        Raises:
+            StopTraining: the loss is NaN and ``--on-nan stop``.
+        """
+        self.done = step
+        if self.writes_consumed:
+            ids = self.batches.local_sample_ids(step - 1, self.dp_rank, self.dp)
+            with (self.out / "consumed" / f"dp{self.dp_rank}.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, "dp_rank": self.dp_rank, "samples": ids}) + "\n")
+        if self.rank == 0:
+            self._event("step", step=step)
+        if not math.isfinite(loss) and self.args.on_nan == "stop":
+            message = (f"loss is {loss} at step {step}; stopping (--on-nan stop; use --on-nan "
+                       "skip to skip such steps)")
+            if self.rank == 0:
+                self._event("stopped", step=step, error=message)
+                summary = {"error": message, "steps": len(self.records),
+                           "losses": [r["loss"] for r in self.records]}
+                (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            raise StopTraining(message)
+        every = self.args.checkpoint_every
+        if self.checkpoints is not None and every and (step % every == 0
+                                                       or step == self.args.steps):
+            extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
+                     "samples_consumed": step * (self.batches.global_batch // self.dp)}
+            self._log_checkpoint()
+            self.checkpoints.save(step, extra)
+            if self.rank == 0:
+                self._event("checkpoint", step=step, blocking_s=self.checkpoints.blocking_s[-1])
+            self._unlogged_checkpoint = step
+
+    def _log_checkpoint(self) -> None:
+        """Log the previous save's final blocking time (after its staging wait)."""
+        if self._unlogged_checkpoint is not None and self.rank == 0:
+            self._event("checkpoint_staged", step=self._unlogged_checkpoint,
+                        blocking_s=self.checkpoints.blocking_s[-1])
+        self._unlogged_checkpoint = None
+
+    def close(self) -> None:
+        """Wait for the in-flight checkpoint (call before destroying the process group)."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+            self._log_checkpoint()
+
+    # -- summary ----------------------------------------------------------------------------
+    def summary_fields(self) -> dict:
+        """The job-level keys of ``summary.json`` (rank 0; see the module docstring)."""
+        return job_accounting(self._read_events(), self.records) | {
+            "skipped_steps": self.skipped_steps, "checkpoint_fallbacks": self.fallbacks,
+            "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.args))]}
+
+
+def checkpoint_blocking_times_s(events: list[dict]) -> list[float]:
+    """Per save (in order), the time it blocked the training loop, including its staging
+    wait when that was logged (``checkpoint_staged``)."""
+    times: dict[tuple[int, int], float] = {}
+    for e in events:
+        if e["event"] in ("checkpoint", "checkpoint_staged"):
+            times[(e["attempt"], e["step"])] = e["blocking_s"]
+    return list(times.values())
+
+
+def read_events(out: str | os.PathLike) -> list[dict]:
+    """The events of run folder ``out`` (``faults/events.jsonl``)."""
+    path = Path(out) / "faults" / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def job_accounting(events: list[dict], records: list[dict]) -> dict:
+    """Restarts, steps and wall time lost, checkpoint costs and goodput from ``events.jsonl``.
+
+    ``goodput`` is the kept steps' step time over the job's wall time (from the first attempt's
+    training start to the last step).
+    """
+    step_end = {}                       # step -> end time of the attempt that kept it
+    resumes = [e for e in events if e["event"] == "resumed"]
+    steps_lost, time_lost, last_done = 0, 0.0, {}
+    for e in events:
+        if e["event"] == "step":
+            last_done[e["attempt"]] = e["step"]
+    for prev, cur in zip(resumes, resumes[1:], strict=False):
+        done = last_done.get(prev["attempt"], prev["from_step"])
+        steps_lost += done + 1 - cur["from_step"]
+        base = next((e["time_unix_s"] for e in reversed(events)
+                     if e["event"] == "step" and e["step"] == cur["from_step"]
+                     and e["time_unix_s"] < cur["time_unix_s"]), resumes[0]["time_unix_s"])
+        time_lost += cur["time_unix_s"] - base
+    for e in events:
+        if e["event"] == "step":
+            step_end[e["step"]] = e["time_unix_s"]
+    start = resumes[0]["time_unix_s"] if resumes else None
+    end = max(step_end.values()) if step_end else start
+    wall = (end - start) if start is not None else 0.0
+    blocking = checkpoint_blocking_times_s(events)
+    useful = sum(r["step_time_s"] for r in records)
+    return {"restarts": max(0, len(resumes) - 1), "steps_lost": steps_lost,
+            "wall_time_lost_s": time_lost, "wall_time_s": wall,
+            "restart_times_s": [cur["time_unix_s"] - next(
+                (e["time_unix_s"] for e in reversed(events) if e["event"] == "step"
+                 and e["attempt"] == prev["attempt"]), prev["time_unix_s"])
+                for prev, cur in zip(resumes, resumes[1:], strict=False)],
+            "checkpoints": len(blocking),
+            "checkpoint_blocking_s": statistics.median(blocking) if blocking else None,
+            "useful_time_s": useful, "goodput": useful / wall if wall > 0 else None}

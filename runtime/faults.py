@@ -1,0 +1,215 @@
+"""Deterministic failure injection: parse ``--inject SPEC`` and fire each fault once per job.
+
+Specs (``meshplan run --inject SPEC``, repeatable, or the plan file's ``faults:`` list):
+
+- ``kill:rank=R,step=S``: rank R's process dies (SIGKILL) at the start of step S.
+- ``hang:rank=R,step=S``: rank R stops answering collectives at the start of step S (it sleeps
+  for an hour; the peers' collective timeout turns that into an error and torchrun restarts).
+- ``slow:rank=R,factor=F``: rank R is a straggler: every step's compute takes F times as long
+  (it sleeps (F - 1) x its compute time before the step's gradient synchronisation ends).
+- ``corrupt-checkpoint:step=S``: the checkpoint of step S is damaged on disk right after it
+  was written (bytes of a shard are flipped), so a later load must fall back.
+- ``nan:step=S``: step S's loss (and gradients) become NaN.
+
+Steps count from 1, as in the logs. A kill or a hang fires after the checkpoints already in
+flight have landed, so which checkpoint a restart resumes from is deterministic; a crash in the
+middle of a write leaves only a temporary folder, which `runtime.checkpoint` ignores.
+
+Each fault fires once per job, not once per attempt: the firing rank appends it to
+``OUT/faults/fired.jsonl`` before it acts, and later attempts skip it (a replayed step 7 does
+not kill rank 1 again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+FaultKind = Literal["kill", "hang", "slow", "corrupt-checkpoint", "nan"]
+
+#: The fields each fault kind takes (all required).
+FAULT_FIELDS: dict[str, tuple[str, ...]] = {
+    "kill": ("rank", "step"), "hang": ("rank", "step"), "slow": ("rank", "factor"),
+    "corrupt-checkpoint": ("step",), "nan": ("step",),
+}
+#: Seconds a hung rank sleeps: far longer than any collective timeout.
+HANG_S = 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One injected fault (see the module docstring); ``spec`` is its canonical text."""
+
+    kind: FaultKind
+    rank: int | None = None
+    step: int | None = None
+    factor: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_FIELDS:
+            raise ValueError(f"fault kind {self.kind!r} is unknown; use one of "
+                             f"{', '.join(FAULT_FIELDS)}")
+        if self.step is not None and self.step < 1:
+            raise ValueError(f"{self.kind}: step={self.step} must be >= 1 (steps count from 1)")
+        if self.rank is not None and self.rank < 0:
+            raise ValueError(f"{self.kind}: rank={self.rank} must be >= 0")
+        if self.factor is not None and not self.factor >= 1.0:
+            raise ValueError(f"{self.kind}: factor={self.factor} must be >= 1 (1 = full speed)")
+
+    @property
+    def spec(self) -> str:
+        fields = [f"{name}={getattr(self, name)}" for name in FAULT_FIELDS[self.kind]]
+        return f"{self.kind}:{','.join(fields)}"
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse one ``KIND:key=value,...`` spec.
+
+    >>> parse_fault("kill:rank=1,step=7")
+    Fault(kind='kill', rank=1, step=7, factor=None)
+    >>> parse_fault("slow:rank=0,factor=2.5").spec
+    'slow:rank=0,factor=2.5'
+
+    Raises:
+        ValueError: unknown kind, missing or unknown field, or a bad value (the message says
+            which fields the kind takes).
+    """
+    kind, _, rest = spec.strip().partition(":")
+    if kind not in FAULT_FIELDS:
+        raise ValueError(f"--inject {spec!r}: fault kind {kind!r} is unknown; use one of "
+                         f"{', '.join(FAULT_FIELDS)}")
+    want = FAULT_FIELDS[kind]
+    usage = f"{kind}:" + ",".join(f"{name}=..." for name in want)
+    values: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in want:
+            raise ValueError(f"--inject {spec!r}: field {key!r} is not one of {kind}'s "
+                             f"fields; write {usage}")
+        values[key] = value
+    missing = [name for name in want if name not in values]
+    if missing:
+        raise ValueError(f"--inject {spec!r}: missing {', '.join(missing)}; write {usage}")
+    try:
+        typed = {k: float(v) if k == "factor" else int(v) for k, v in values.items()}
+    except ValueError as exc:
+        raise ValueError(f"--inject {spec!r}: {exc}; write {usage}") from None
+    return Fault(kind=kind, **typed)
+
+
+def parse_faults(specs: list[str] | None) -> list[Fault]:
+    """Parse a list of specs (``--inject`` repeated); None or [] gives []."""
+    return [parse_fault(s) for s in specs or []]
+
+
+class Injector:
+    """Fires this rank's faults at their steps, each once per job (see the module docstring).
+
+    Args:
+        faults: every fault of the job (all ranks read the same list).
+        rank: this process's global rank.
+        out: the run folder; ``out/faults/fired.jsonl`` records the faults that fired.
+    """
+
+    def __init__(self, faults: list[Fault], rank: int, out: Path) -> None:
+        self.rank = rank
+        self.log = Path(out) / "faults" / "fired.jsonl"
+        fired = set()
+        if self.log.exists():
+            fired = {json.loads(line)["spec"] for line in self.log.read_text().splitlines()}
+        self.pending = [f for f in faults if f.spec not in fired]
+        self.slow_factor = max([f.factor for f in faults
+                                if f.kind == "slow" and f.rank == rank] or [1.0])
+
+    def _take(self, kind: str, step: int, *, mine: bool = True) -> Fault | None:
+        for fault in self.pending:
+            if fault.kind == kind and fault.step == step and (not mine or fault.rank == self.rank):
+                self.pending.remove(fault)
+                return fault
+        return None
+
+    def _record(self, fault: Fault, step: int) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"spec": fault.spec, "rank": self.rank, "step": step,
+                           "time_unix_s": time.time(),
+                           "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+        with self.log.open("a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def process_fault(self, step: int, before_dying=None) -> None:
+        """At the start of ``step``: die (kill) or stop answering (hang) if a fault says so.
+
+        Args:
+            before_dying: called first (waits for in-flight checkpoints to land).
+        """
+        for kind in ("kill", "hang"):
+            fault = self._take(kind, step)
+            if fault is None:
+                continue
+            if before_dying is not None:
+                before_dying()
+            self._record(fault, step)
+            print(f"meshplan fault: {fault.spec} fired (rank {self.rank})", flush=True)
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(HANG_S)
+
+    def nan_at(self, step: int) -> bool:
+        """Whether step ``step``'s loss becomes NaN (every rank answers the same)."""
+        fault = self._take("nan", step, mine=False)
+        if fault is not None and self.rank == 0:
+            self._record(fault, step)
+        return fault is not None
+
+    def corrupt_at(self, step: int) -> bool:
+        """Whether the checkpoint of ``step`` is to be damaged (asked by the writer, rank 0)."""
+        fault = self._take("corrupt-checkpoint", step, mine=False)
+        if fault is not None:
+            self._record(fault, step)
+        return fault is not None
+
+
+def corrupt_file(path: Path, *, offset_fraction: float = 0.5, count: int = 64) -> None:
+    """Flip ``count`` bytes of ``path`` in the middle (the file keeps its size)."""
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * offset_fraction)
+    for i in range(start, min(start + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
+                   inject=(), timeout_s: float | None = None, on_nan: str = "stop") -> list[str]:
+    """``runtime.train`` flags for the fault-tolerance options (defaults give [])."""
+    args: list[str] = []
+    if checkpoint_every:
+        args += ["--checkpoint-every", str(checkpoint_every)]
+    if keep != 2:
+        args += ["--keep", str(keep)]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+    for spec in inject:
+        args += ["--inject", spec]
+    if timeout_s is not None:
+        args += ["--timeout-s", str(timeout_s)]
+    if on_nan != "stop":
+        args += ["--on-nan", on_nan]
+    return args
+
+
+def plan_file_faults(path) -> list[str]:
+    """The ``faults:`` list of a plan file (fault specs, as ``--inject`` takes), or []."""
+    import yaml
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    faults = data.get("faults") or []
+    if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
+        raise ValueError(f"plan file {path}: 'faults' must be a list of fault specs such as "
+                         "'kill:rank=1,step=7'")
+    return faults

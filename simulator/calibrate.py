@@ -1,0 +1,549 @@
+"""`meshplan calibrate`: microbenchmarks of this machine that mirror what training does.
+
+Two kinds of worker groups, each started fresh with one torch thread per process:
+
+- compute, k processes computing at once (k = 1, 2, ..., ranks): single-thread fp32 GEMMs at
+  the model's layer shapes, SDPA attention, GeLU / LayerNorm / copy throughput, and the
+  runtime's own `Transformer` with 1 and 3 layers at several micro-batch sizes (forward,
+  backward, backward under full recomputation, AdamW step timed apart; the embedding alone);
+- gloo, a process group of ``ranks`` processes: all-reduce, reduce-scatter and all-gather at
+  4 KiB - 4 MiB on groups of 2 and of all ranks, send/recv ping-pong, the cost of one 1F1B
+  action of ``torch.distributed.pipelining`` on trivial stages, and the same 1- and
+  3-layer models under DTensor tensor parallelism (`runtime.parallelize.apply_tp`).
+
+Layer time = (3-layer − 1-layer time) / 2; edges (embedding + head + loss) = the rest; each as
+``{tokens: seconds}``. Collectives are fitted to alpha-beta (least squares on relative error).
+The result is one YAML file (`write_profile`): a ``device`` section in the format of
+``presets/devices.yaml``, ``collective`` / ``p2p`` in the format of ``presets/clusters.yaml``
+(the largest world size's fit), and ``cpu_costs`` for `simulator.cpu_model`.
+
+Profiles live in ``$MESHPLAN_PROFILE_DIR``, else ``runs/profiles`` under the working directory,
+as ``localhost-cpu-<UTC timestamp>.yaml``; `newest_profile` picks the latest, which
+``load_cluster("localhost-cpu")`` uses.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from planner.spec import ModelSpec
+from simulator.cpu_model import CpuProfile, shape_key
+from simulator.hardware import DeviceProfile
+
+#: Environment variable naming the profile folder (else `DEFAULT_PROFILE_DIR`).
+PROFILE_DIR_ENV = "MESHPLAN_PROFILE_DIR"
+DEFAULT_PROFILE_DIR = Path("runs") / "profiles"
+PROFILE_PREFIX = "localhost-cpu-"
+SCHEMA = "meshplan-cpu-profile/1"
+COLLECTIVE_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20)
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+#: Layer counts of the timed models: layer time = (t(3) − t(1)) / 2, edges = t(1) − layer.
+CALIBRATION_LAYERS = (1, 3)
+
+
+def profile_dir() -> Path:
+    """Where profiles are written and looked up: $MESHPLAN_PROFILE_DIR or runs/profiles."""
+    return Path(os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR)
+
+
+def newest_profile(directory: Path | None = None) -> Path | None:
+    """The newest ``localhost-cpu-*.yaml`` in ``directory`` (default `profile_dir`), or None."""
+    directory = Path(directory) if directory is not None else profile_dir()
+    if not directory.is_dir():
+        return None
+    files = sorted(directory.glob(f"{PROFILE_PREFIX}*.yaml"))
+    return files[-1] if files else None
+
+
+def read_profile(path: str | os.PathLike) -> CpuProfile:
+    """A `CpuProfile` from a YAML file written by `write_profile`."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    (name, dev), = data["device"].items()
+    dev = dict(dev)
+    dev["peak_flops"] = {k: float(v) for k, v in dev["peak_flops"].items()}
+    costs = data["cpu_costs"]
+    return CpuProfile(name=Path(path).stem, path=str(path), cores=int(data["machine"]["cores"]),
+                      threads_per_rank=int(data["threads_per_rank"]),
+                      device=DeviceProfile(name=name, **dev),
+                      compute=costs["compute"], collectives=costs["collectives"])
+
+
+# --------------------------------------------------------------------------- timing helpers
+
+
+def _median_s(fn: Callable[[], object], iters: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
+                      recompute: str = "none", tp_mesh=None, dp_mesh=None,
+                      barrier=None) -> dict[str, float]:
+    """Median forward, backward and AdamW seconds of the runtime's model with ``layers``
+    layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given, under
+    ZeRO-3 (FSDP2, `runtime.parallelize.apply_dp`) when ``dp_mesh`` is."""
+    import torch
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from runtime.model import Transformer, cross_entropy_loss
+    from runtime.parallelize import apply_dp, apply_recompute, apply_tp
+    from runtime.train import make_optimizer
+
+    model = Transformer(spec.replace(num_layers=layers), seed=0)
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, loss_parallel=True)
+    apply_recompute(model, recompute)
+    if dp_mesh is not None:
+        model = apply_dp(model, dp_mesh, zero_stage=3)
+    opt = make_optimizer(model.parameters())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), generator=g)
+    y = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), generator=g)
+    ctx = loss_parallel if tp_mesh is not None else _nullcontext
+    rows = []
+    for i in range(iters + 2):                     # two warm-up steps (DTensor propagation)
+        if barrier is not None:
+            barrier()
+        t0 = time.perf_counter()
+        with ctx():
+            loss = cross_entropy_loss(model(x), y)
+            t1 = time.perf_counter()
+            loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        if i >= 2:
+            rows.append((t1 - t0, t2 - t1, t3 - t2))
+    return {k: statistics.median(r[j] for r in rows)
+            for j, k in enumerate(("fwd", "bwd", "opt"))}
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _embedding_times(spec: ModelSpec, micro_batch: int, iters: int) -> dict[str, float]:
+    import torch
+    tok = torch.nn.Embedding(spec.vocab_size, spec.hidden)
+    pos = torch.nn.Embedding(spec.seq_len, spec.hidden)
+    x = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len))
+    rows = []
+    for _ in range(iters + 1):
+        t0 = time.perf_counter()
+        h = tok(x) + pos(torch.arange(spec.seq_len))
+        t1 = time.perf_counter()
+        h.sum().backward()
+        rows.append((t1 - t0, time.perf_counter() - t1))
+    return {"fwd": statistics.median(r[0] for r in rows[1:]),
+            "bwd": statistics.median(r[1] for r in rows[1:])}
+
+
+def _op_rates(spec: ModelSpec, iters: int) -> dict[str, float]:
+    """GEMM FLOP/s at the layer shapes (best and harmonic mean), SDPA fwd+bwd FLOP/s, and
+    elementwise (GeLU, LayerNorm) and copy bytes/s, one thread."""
+    import torch
+    import torch.nn.functional as F
+
+    from simulator.probe import layer_gemm_shapes
+    rates = []
+    for m, k, n in layer_gemm_shapes(spec, micro_batch=4):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        rates.append(2.0 * m * k * n / _median_s(lambda a=a, b=b: a @ b, iters))
+    heads, d, s = spec.num_heads, spec.head_dim, spec.seq_len
+    q, k_, v = (torch.randn(4, heads, s, d, requires_grad=True) for _ in range(3))
+
+    def attn():
+        F.scaled_dot_product_attention(q, k_, v, is_causal=True).sum().backward()
+    # causal QKᵀ and AV forward = 2·b·a·s²·d, backward 2.5x (FlashAttention-2 accounting)
+    attn_flops = 3.5 * 2 * 4 * heads * s * s * d
+    big = torch.randn(4 * s, spec.ffn_hidden)
+    act = torch.randn(4 * s, spec.hidden)
+    ln = torch.nn.LayerNorm(spec.hidden)
+    src = torch.empty(16 * 2**20)
+    dst = torch.empty_like(src)
+    return {"gemm_best_flops": max(rates), "gemm_mean_flops": statistics.harmonic_mean(rates),
+            "attention_flops": attn_flops / _median_s(attn, iters),
+            "gelu_Bps": 2 * big.numel() * 4 / _median_s(lambda: F.gelu(big), iters),
+            "layernorm_Bps": 2 * act.numel() * 4 / _median_s(lambda: ln(act), iters),
+            "copy_Bps": 2 * src.numel() * 4 / _median_s(lambda: dst.copy_(src), iters)}
+
+
+# --------------------------------------------------------------------------- compute workers
+
+
+def _compute_items(specs: list[ModelSpec], micro_batches: tuple[int, ...],
+                   recompute_first: bool) -> list[tuple]:
+    items = []
+    for i in range(len(specs)):
+        for mb in micro_batches:
+            for layers in CALIBRATION_LAYERS:
+                items.append((i, layers, mb, "none"))
+                if recompute_first and i == 0:
+                    items.append((i, layers, mb, "full"))
+    return items
+
+
+def _compute_worker(rank, k, specs, micro_batches, iters, recompute_first, barrier, queue):
+    import torch
+    torch.set_num_threads(1)
+    out: dict = {"models": {}, "ops": None}
+    barrier.wait()
+    out["ops"] = _op_rates(specs[0], max(3, iters))
+    for i, layers, mb, recompute in _compute_items(specs, micro_batches, recompute_first):
+        barrier.wait()
+        times = _model_step_times(specs[i], layers, mb, iters, recompute=recompute)
+        out["models"][(i, layers, mb, recompute)] = times
+        if rank == 0:
+            queue.put(("tick", f"k={k} {specs[i].name} L{layers} mb{mb} {recompute}"))
+    for i, spec in enumerate(specs):
+        for mb in micro_batches:
+            out["models"][(i, "emb", mb)] = _embedding_times(spec, mb, iters)
+    queue.put(("result", rank, out))
+
+
+# --------------------------------------------------------------------------- gloo workers
+
+
+def _fit_alpha_beta(points: list[tuple[float, float]]) -> dict[str, float]:
+    """Least squares of ``t = alpha + s / B`` on relative error over ``(size, seconds)``.
+
+    >>> fit = _fit_alpha_beta([(1e3, 1e-3 + 1e3 / 1e9), (1e6, 1e-3 + 1e6 / 1e9)])
+    >>> round(fit["latency_s"], 6), round(fit["bandwidth_Bps"] / 1e9, 3)
+    (0.001, 1.0)
+    """
+    # weights 1/t: minimise sum(((alpha + s·c) - t) / t)^2 with c = 1/B
+    a11 = sum(1 / t**2 for _, t in points)
+    a12 = sum(s / t**2 for s, t in points)
+    a22 = sum(s * s / t**2 for s, t in points)
+    b1 = sum(1 / t for _, t in points)
+    b2 = sum(s / t for s, t in points)
+    det = a11 * a22 - a12 * a12
+    alpha = (b1 * a22 - b2 * a12) / det
+    c = (a11 * b2 - a12 * b1) / det
+    if c <= 0 or alpha < 0:        # degenerate (noise): fall back to the end points
+        (s0, t0), (s1, t1) = min(points), max(points)
+        c = max((t1 - t0) / (s1 - s0), 1e-12)
+        alpha = max(0.0, t0 - c * s0)
+    return {"latency_s": float(alpha), "bandwidth_Bps": float(1 / c)}
+
+
+def _time_collective(dist, op, size, group, iters):
+    import torch
+    n = dist.get_world_size(group)
+    elems = max(n, int(size // 4) // n * n)
+    x = torch.ones(elems)
+    shard = torch.empty(elems // n)
+    if op == "all_reduce":
+        def fn():
+            dist.all_reduce(x, group=group)
+    elif op == "reduce_scatter":
+        def fn():
+            dist.reduce_scatter_tensor(shard, x, group=group)
+    else:
+        def fn():
+            dist.all_gather_into_tensor(x, shard, group=group)
+    # per-rank buffer bytes: the full tensor for all-reduce / reduce-scatter input / gather out
+    dist.barrier()
+    return _median_s(fn, iters, warmup=2)
+
+
+def _time_p2p(dist, size, iters):
+    import torch
+    rank = dist.get_rank()
+    x = torch.ones(max(1, int(size // 4)))
+    peer = rank ^ 1
+
+    def ping():
+        if rank % 2 == 0:
+            dist.send(x, peer)
+            dist.recv(x, peer)
+        else:
+            dist.recv(x, peer)
+            dist.send(x, peer)
+    dist.barrier()
+    return _median_s(ping, iters, warmup=2) / 2
+
+
+def _time_pipeline_action(dist, world: int, micro_batches: int, iters: int, width: int,
+                          tokens: int) -> float:
+    """Seconds per 1F1B action (one forward or backward of one micro-batch on one stage,
+    with its send / receive) of ``torch.distributed.pipelining`` over ``world`` stages whose
+    compute is a tiny Linear on a (tokens, width) activation: the schedule's own cost."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    rank = dist.get_rank()
+    stage = PipelineStage(torch.nn.Linear(width, width), rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=micro_batches,
+                            loss_fn=lambda out, y: ((out - y) ** 2).mean())
+    x = torch.randn(micro_batches, tokens, width)
+
+    def step():
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=x, losses=[])
+        else:
+            schedule.step()
+        dist.barrier()
+    step_s = _median_s(step, iters, warmup=2)
+    return step_s / (2 * (micro_batches + world - 1))
+
+
+def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
+    import warnings
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
+                          timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "fsdp": {}}
+    groups = {world: None}
+    if world > 2:
+        pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
+        groups[2] = pairs[rank // 2]
+    for op in COLLECTIVES:
+        for n, group in groups.items():
+            pts = [(float(s), _time_collective(dist, op, s, group, iters)) for s in
+                   COLLECTIVE_SIZES]
+            out["collectives"][(op, n)] = pts
+        if rank == 0:
+            queue.put(("tick", f"ws={world} {op}"))
+    out["p2p"] = [(float(s), _time_p2p(dist, s, iters)) for s in COLLECTIVE_SIZES]
+    out["pipeline_action_s"] = _time_pipeline_action(dist, world, 2 * world, iters, 8, 8)
+    if rank == 0:
+        queue.put(("tick", f"ws={world} send/recv"))
+    spec = specs[0]
+    for n in sorted(groups):
+        mesh = init_device_mesh("cpu", (world // n, n), mesh_dim_names=("dp", "tp"))
+        for mb in tp_micro_batches:
+            for layers in CALIBRATION_LAYERS:
+                out["tp"][(n, layers, mb)] = _model_step_times(
+                    spec, layers, mb, iters, tp_mesh=mesh["tp"], barrier=dist.barrier)
+                if rank == 0:
+                    queue.put(("tick", f"ws={world} tp{n} L{layers} mb{mb}"))
+    dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    for mb in tp_micro_batches:                       # ZeRO-3 over all ranks
+        for layers in CALIBRATION_LAYERS:
+            out["fsdp"][(world, layers, mb)] = _model_step_times(
+                spec, layers, mb, iters, dp_mesh=dp_mesh, barrier=dist.barrier)
+            if rank == 0:
+                queue.put(("tick", f"ws={world} zero3 L{layers} mb{mb}"))
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(("result", rank, out))
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _run_group(target, nproc: int, args: tuple, total_ticks: int, progress) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, *args(r), queue), daemon=True)
+             for r in range(nproc)]
+    for p in procs:
+        p.start()
+    results: dict[int, dict] = {}
+    expected = nproc if target is _compute_worker else 1
+    while len(results) < expected:
+        msg = queue.get(timeout=600)
+        if msg[0] == "tick":
+            progress(msg[1], 1.0 / total_ticks)
+        else:
+            results[msg[1]] = msg[2]
+    for p in procs:
+        p.join(timeout=60)
+        if p.exitcode not in (0, None):
+            raise RuntimeError(f"calibration worker exited with status {p.exitcode}")
+    return [results[r] for r in sorted(results)]
+
+
+def _points(rows: dict[int, float]) -> dict[int, float]:
+    return {int(t): float(v) for t, v in sorted(rows.items())}
+
+
+def _terms_from_models(spec: ModelSpec, timings: dict, micro_batches, *, emb=None,
+                       key=lambda layers, mb, rc: (layers, mb, rc)) -> dict:
+    """Layer / edge / optimizer terms ``{tokens: s}`` from 1- and 3-layer model timings."""
+    terms: dict = {n: {} for n in ("layer_fwd", "layer_bwd", "layer_bwd_full", "edge_fwd",
+                                   "edge_bwd", "emb_fwd", "emb_bwd")}
+    opt_layer, opt_edge = [], []
+    for mb in micro_batches:
+        tokens = mb * spec.seq_len
+        lo, hi = CALIBRATION_LAYERS
+        one, many = timings[key(lo, mb, "none")], timings[key(hi, mb, "none")]
+        for ph in ("fwd", "bwd"):
+            layer = max(0.0, (many[ph] - one[ph]) / (hi - lo))
+            terms[f"layer_{ph}"][tokens] = layer
+            terms[f"edge_{ph}"][tokens] = max(0.0, one[ph] - lo * layer)
+        full = (timings.get(key(lo, mb, "full")), timings.get(key(hi, mb, "full")))
+        terms["layer_bwd_full"][tokens] = (max(0.0, (full[1]["bwd"] - full[0]["bwd"]) / (hi - lo))
+                                           if full[0] else terms["layer_bwd"][tokens]
+                                           + terms["layer_fwd"][tokens])
+        if emb is not None:
+            terms["emb_fwd"][tokens] = emb[mb]["fwd"]
+            terms["emb_bwd"][tokens] = emb[mb]["bwd"]
+        opt_layer.append(max(0.0, (many["opt"] - one["opt"]) / (hi - lo)))
+        opt_edge.append(max(0.0, one["opt"] - lo * opt_layer[-1]))
+    out = {k: _points(v) for k, v in terms.items() if v}
+    out["opt_layer_s"] = float(statistics.median(opt_layer))
+    out["opt_edge_s"] = float(statistics.median(opt_edge))
+    return out
+
+
+def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[int, ...] = (1, 2, 8),
+              tp_micro_batches: tuple[int, ...] = (2, 8), iters: int = 5,
+              progress: Callable[[str, float], None] | None = None) -> dict:
+    """Measure this machine for ``specs`` (the first one also under TP and recomputation);
+    return the profile mapping `write_profile` saves.
+
+    Args:
+        ranks: the most processes to measure at once (compute: 1, 2, 4, ... up to it; gloo:
+            world sizes 2, 4, ... up to it).
+        micro_batches / tp_micro_batches: sizes the layer times are measured at.
+        iters: timed iterations per benchmark (after warm-up).
+        progress: called with (what finished, fraction of the whole run).
+    """
+    progress = progress or (lambda what, frac: None)
+    levels = sorted({1, *[2**i for i in range(1, 8) if 2**i <= ranks], ranks})
+    worlds = [w for w in levels if w >= 2]
+    n_compute = len(_compute_items(specs, micro_batches, True))
+    ticks = len(levels) * n_compute + sum(
+        len(COLLECTIVES) + 1 + 2 * len(tp_micro_batches) * (2 + (w > 2)) for w in worlds)
+    compute: dict = {shape_key(s): {"local": {}, "tp": {}} for s in specs}
+    ops_by_k = {}
+    start = time.perf_counter()
+    for k in levels:
+        barrier = mp.get_context("spawn").Barrier(k)
+        res = _run_group(_compute_worker, k, lambda r, k=k, barrier=barrier: (
+            k, specs, micro_batches, iters, True, barrier), ticks, progress)
+        # the slowest rank sets the pace of a synchronous step: average the ranks' medians
+        merged = {key: {ph: statistics.mean(r["models"][key][ph] for r in res)
+                        for ph in res[0]["models"][key]} for key in res[0]["models"]}
+        ops_by_k[k] = {name: statistics.mean(r["ops"][name] for r in res)
+                       for name in res[0]["ops"]}
+        for i, spec in enumerate(specs):
+            emb = {mb: merged[(i, "emb", mb)] for mb in micro_batches}
+            compute[shape_key(spec)]["local"][k] = _terms_from_models(
+                spec, merged, micro_batches, emb=emb,
+                key=lambda layers, mb, rc, i=i: (i, layers, mb, rc))
+    collectives: dict = {}
+    from runtime.launch import free_port
+    for world in worlds:
+        port = free_port()
+        res = _run_group(_dist_worker, world, lambda r, world=world, port=port: (
+            world, port, specs, tp_micro_batches, iters), ticks, progress)[0]
+        fits: dict = {op: {} for op in COLLECTIVES}
+        for (op, n), pts in res["collectives"].items():
+            fits[op][f"n{n}"] = _fit_alpha_beta(pts)
+        fits["p2p"] = _fit_alpha_beta(res["p2p"])
+        fits["pipeline_action_s"] = float(res["pipeline_action_s"])
+        collectives[world] = fits
+        spec = specs[0]
+        for n in sorted({n for n, _, _ in res["tp"]}):
+            timings = {(layers, mb, "none"): v for (m, layers, mb), v in res["tp"].items()
+                       if m == n}
+            compute[shape_key(spec)]["tp"].setdefault(f"tp{n}", {})[world] = \
+                _terms_from_models(spec, timings, tp_micro_batches)
+        timings = {(layers, mb, "none"): v for (_, layers, mb), v in res["fsdp"].items()}
+        compute[shape_key(spec)].setdefault("zero3", {}).setdefault(f"dp{world}", {})[world] = \
+            _terms_from_models(spec, timings, tp_micro_batches)
+    return _profile_mapping(specs, compute, collectives, ops_by_k, ranks, iters,
+                            time.perf_counter() - start)
+
+
+def _profile_mapping(specs, compute, collectives, ops_by_k, ranks, iters, seconds) -> dict:
+    import torch
+
+    from simulator.probe import _total_memory_bytes
+    cores = os.cpu_count() or 1
+    one = ops_by_k[1]
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    cpu = platform.processor() or platform.machine()
+    device = {"peak_flops": {"fp32": float(one["gemm_best_flops"])},
+              "memory_bytes": float(_total_memory_bytes() / cores),
+              "memory_bandwidth_Bps": float(one["copy_Bps"]),
+              "matmul_efficiency": float(min(1.0, one["gemm_mean_flops"]
+                                             / one["gemm_best_flops"])),
+              "memory_efficiency": 1.0,
+              "source": f"meshplan calibrate on {cpu}, torch {torch.__version__}, 1 thread, "
+                        f"{stamp} UTC"}
+    top = collectives[max(collectives)] if collectives else None
+    return {
+        "schema": SCHEMA, "created_utc": stamp, "threads_per_rank": 1,
+        "machine": {"cores": cores, "processor": cpu, "torch": torch.__version__,
+                    "python": platform.python_version()},
+        "calibration": {"ranks": ranks, "iters": iters, "seconds": round(seconds, 1),
+                        "models": [s.name for s in specs]},
+        "device": {f"localhost-cpu-core-{stamp}": device},
+        **({"collective": {"latency_s": top["all_reduce"][f"n{max(collectives)}"]["latency_s"],
+                           "bandwidth_Bps": top["all_reduce"][f"n{max(collectives)}"][
+                               "bandwidth_Bps"]},
+            "p2p": dict(top["p2p"])} if top else {}),
+        "ops": {int(k): {n: float(v) for n, v in ops.items()} for k, ops in ops_by_k.items()},
+        "cpu_costs": {"compute": compute,
+                      "collectives": {int(w): c for w, c in collectives.items()}},
+    }
+
+
+def write_profile(mapping: dict, path: str | os.PathLike | None = None) -> Path:
+    """Save a calibration; default path ``profile_dir()/localhost-cpu-<created_utc>.yaml``."""
+    path = Path(path) if path else profile_dir() / f"{PROFILE_PREFIX}{mapping['created_utc']}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(_plain(mapping), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _plain(value):
+    # YAML-safe builtins (torch's version string and numpy scalars are subclasses).
+    if isinstance(value, dict):
+        return {(_plain(k) if isinstance(k, (int, float)) else str(k)): _plain(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return str(value) if isinstance(value, str) else value
+
+
+def load_newest_profile(directory: Path | None = None) -> CpuProfile | None:
+    """The `CpuProfile` of `newest_profile` (cached per file), or None without one."""
+    path = newest_profile(directory)
+    return None if path is None else _read_cached(str(path.resolve()), path.stat().st_mtime)
+
+
+@lru_cache(maxsize=8)
+def _read_cached(path: str, mtime: float) -> CpuProfile:
+    return read_profile(path)

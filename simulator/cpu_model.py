@@ -1,0 +1,299 @@
+"""Cost terms of the localhost-cpu path, from a calibrated profile (`simulator.calibrate`).
+
+On a CPU every rank is a Python process with one torch thread, so a step's time is not a sum of
+FLOPs over peak: eager framework overhead per op (module calls, autograd nodes, DTensor
+dispatch under TP), ranks that outnumber the cores time-sharing them, gloo running its
+reductions on the same cores, the optimizer and the once-per-step loss all-gather all matter.
+None of it is a fudge factor; every term below is a microbenchmark `meshplan calibrate` ran:
+
+==========================  ==================================================================
+term                        measured as
+==========================  ==================================================================
+layer fwd / bwd             the runtime's own model with 3 layers minus 1 layer (halved), fwd and
+                            backward timed apart, at several micro-batch sizes (piecewise linear
+                            in tokens), with k processes computing at once (k = 1, 2, 4 here)
+layer bwd, recompute full   the same under ``checkpoint_wrapper`` (forward replayed)
+edges (embedding, head)     1-layer model minus one layer; embedding timed alone
+optimizer                   AdamW step on the 1- and 3-layer models' parameters
+TP layer / edges            the same two models under DTensor TP (``runtime.parallelize``) in a
+                            gloo group of tp ranks, all world ranks busy: comm + dispatch
+collectives, send/recv      gloo all-reduce, reduce-scatter, all-gather at 4 KiB - 4 MiB per
+                            (world size, group size), fitted to alpha-beta
+pipeline action             one 1F1B forward or backward of torch.distributed.pipelining on
+                            trivial stages (schedule bookkeeping + send/recv latency)
+ZeRO-3 layer / edges        the 1- and 3-layer models under FSDP2 over all ranks
+==========================  ==================================================================
+
+Ranks that share cores run at the speed measured with as many processes computing at once as
+the plan keeps busy on average: R ranks, or R·m/(m + pp − 1) in a pipeline whose ranks idle in
+the bubble (processor sharing; the per-rank time is interpolated between measured counts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from planner.spec import ModelSpec, Plan
+from simulator.hardware import DeviceProfile
+
+#: PyTorch DDP's first bucket (``first_bucket_bytes``, 1 MiB) and later buckets (25 MiB).
+DDP_FIRST_BUCKET_BYTES = 2**20
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def shape_key(model: ModelSpec) -> str:
+    """The calibrated-shape key of a model: every field but the layer count and name.
+
+    >>> from planner.presets import load_model
+    >>> shape_key(load_model("tiny-gpt"))
+    'h256-a4-kv4-f1024-v256-s128-gelu-layernorm-untied'
+    """
+    tied = "tied" if model.tied_embeddings else "untied"
+    return (f"h{model.hidden}-a{model.num_heads}-kv{model.num_kv_heads}-f{model.ffn_hidden}"
+            f"-v{model.vocab_size}-s{model.seq_len}-{model.activation}-{model.norm}-{tied}")
+
+
+def at_tokens(points: dict, tokens: float) -> float:
+    """Seconds at ``tokens`` from measured ``{tokens: seconds}``: piecewise linear between the
+    points, linear beyond the ends (through the two nearest points), never below zero.
+
+    >>> at_tokens({128: 0.01, 256: 0.02, 1024: 0.06}, 512)
+    0.03333333333333333
+    >>> at_tokens({128: 0.01, 256: 0.02}, 64)
+    0.005
+    """
+    pts = sorted((int(t), float(v)) for t, v in points.items())
+    if len(pts) == 1:
+        return pts[0][1] * tokens / pts[0][0]
+    if tokens <= pts[0][0]:
+        (t0, v0), (t1, v1) = pts[0], pts[1]
+    elif tokens >= pts[-1][0]:
+        (t0, v0), (t1, v1) = pts[-2], pts[-1]
+    else:
+        (t0, v0), (t1, v1) = next((a, b) for a, b in itertools.pairwise(pts) if tokens <= b[0])
+    return max(0.0, v0 + (v1 - v0) * (tokens - t0) / (t1 - t0))
+
+
+def interpolate(levels: dict[float, float], x: float) -> float:
+    """Piecewise-linear interpolation of ``{level: value}`` at ``x`` (clamped at the ends).
+
+    >>> interpolate({1: 1.0, 2: 1.2, 4: 2.4}, 3)
+    1.7999999999999998
+    """
+    keys = sorted(levels)
+    if x <= keys[0]:
+        return levels[keys[0]]
+    for lo, hi in itertools.pairwise(keys):
+        if x <= hi:
+            w = (x - lo) / (hi - lo)
+            return (1 - w) * levels[lo] + w * levels[hi]
+    return levels[keys[-1]]
+
+
+def alpha_beta_s(fit: dict, size_bytes: float) -> float:
+    """Alpha-beta time of one call: ``latency_s + size_bytes / bandwidth_Bps``."""
+    return fit["latency_s"] + size_bytes / fit["bandwidth_Bps"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuProfile:
+    """A calibrated localhost-cpu profile (one YAML file written by `simulator.calibrate`).
+
+    Attributes:
+        name: profile name (the file stem, e.g. ``localhost-cpu-20261201T203000``).
+        path: the file it was read from ('' when built in memory).
+        cores: CPU cores of the machine it was measured on.
+        threads_per_rank: torch threads per rank during the measurements.
+        device: the one-core `DeviceProfile` (same format as the GPU presets).
+        compute: per model shape (`shape_key`): ``{"local": {k: terms}, "tp": {"tp{n}":
+            {world: terms}}}``; terms hold ``layer_fwd``, ``layer_bwd``, ``layer_bwd_full``,
+            ``edge_fwd``, ``edge_bwd``, ``emb_fwd``, ``emb_bwd`` as ``{tokens: seconds}`` per
+            micro-batch, and ``opt_layer_s``, ``opt_edge_s`` (seconds per step).
+        collectives: per world size ``{op: {"n{group}": {latency_s, bandwidth_Bps}}}`` for
+            all_reduce / reduce_scatter / all_gather, and ``p2p`` (one-way send/recv).
+    """
+
+    name: str
+    path: str = ""
+    cores: int
+    threads_per_rank: int = 1
+    device: DeviceProfile
+    compute: dict = field(hash=False)
+    collectives: dict = field(hash=False)
+
+    def covers(self, model: ModelSpec) -> bool:
+        """Whether ``model``'s layer shapes were calibrated."""
+        return shape_key(model) in self.compute
+
+    def collective(self, op: str, world: int, group: int) -> dict:
+        """The alpha-beta fit of ``op`` on ``group`` ranks while ``world`` ranks run: the
+        measured world size nearest above (else the largest), the group size nearest."""
+        worlds = sorted(int(w) for w in self.collectives)
+        w = next((x for x in worlds if x >= world), worlds[-1])
+        fits = self.collectives[w][op]
+        if op == "p2p":
+            return fits
+        groups = sorted(int(k[1:]) for k in fits)
+        g = min(groups, key=lambda n: (abs(n - group), -n))
+        return fits[f"n{g}"]
+
+    def pipeline_action_s(self, world: int) -> float:
+        """Schedule + send/recv cost of one 1F1B action with ``world`` ranks running (0 when
+        the profile has none)."""
+        worlds = sorted(int(w) for w in self.collectives)
+        w = next((x for x in worlds if x >= world), worlds[-1])
+        return float(self.collectives[w].get("pipeline_action_s", 0.0))
+
+    def collective_s(self, op: str, size_bytes: float, world: int, group: int) -> float:
+        """Seconds of one ``op`` call of ``size_bytes`` (per rank buffer); 0 for one rank."""
+        if group <= 1 or size_bytes <= 0:
+            return 0.0
+        return alpha_beta_s(self.collective(op, world, group), size_bytes)
+
+
+def active_ranks(plan: Plan) -> float:
+    """Ranks computing at once on average: all of them, or in a pipeline the busy share
+    m / (m + pp − 1) of each rank's step (1F1B and GPipe have the same bubble).
+
+    >>> active_ranks(Plan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, dtype="fp32"))
+    2.909090909090909
+    """
+    m, pp = plan.num_microbatches, plan.pp
+    return plan.world_size * (m / (m + pp - 1) if pp > 1 else 1.0)
+
+
+def compute_terms(profile: CpuProfile, model: ModelSpec, plan: Plan) -> dict[str, float] | dict:
+    """Per-rank compute terms of ``plan`` (seconds per micro-batch for layers and edges,
+    per step for the optimizer), interpolated at the plan's active rank count.
+
+    Returns {} when the model shape or the plan's TP degree was not calibrated.
+    """
+    entry = profile.compute.get(shape_key(model))
+    if entry is None:
+        return {}
+    tokens = plan.micro_batch * model.seq_len
+    active = active_ranks(plan)
+    local = {int(k): v for k, v in entry["local"].items()}
+    zero3 = entry.get("zero3", {}).get(f"dp{plan.dp}") if zero3_measured(plan) else None
+    if plan.tp > 1:
+        tp = entry.get("tp", {}).get(f"tp{plan.tp}")
+        if not tp:
+            return {}
+        levels = {int(w): v for w, v in tp.items()}
+    elif zero3:
+        levels = {int(w): v for w, v in zero3.items()}
+    else:
+        levels = local
+    out = {}
+    for name in ("layer_fwd", "layer_bwd", "layer_bwd_full", "edge_fwd", "edge_bwd"):
+        out[name] = interpolate({k: at_tokens(v[name], tokens) for k, v in levels.items()},
+                                active)
+    for name in ("emb_fwd", "emb_bwd"):
+        out[name] = interpolate({k: at_tokens(v[name], tokens) for k, v in local.items()},
+                                active)
+    for name in ("opt_layer_s", "opt_edge_s"):
+        out[name] = interpolate({k: v[name] for k, v in levels.items()}, active)
+    if plan.tp > 1 or zero3:
+        # Recomputation under TP / ZeRO-3 replays the forward (its collectives included).
+        out["layer_bwd_full"] = out["layer_bwd"] + out["layer_fwd"]
+    out["zero3_measured"] = bool(zero3)
+    return out
+
+
+def zero3_measured(plan: Plan) -> bool:
+    """Plans whose layer times calibrate measured under ZeRO-3 directly: FSDP2 over all ranks
+    (dp = world size), one micro-batch per step (the calibration's gradient sync per step)."""
+    return plan.zero_stage == 3 and plan.dp == plan.world_size and plan.num_microbatches == 1
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """Gradient buckets DDP reduces: a 1 MiB first bucket, then 25 MiB ones.
+
+    >>> ddp_buckets(13e6)
+    2
+    """
+    if grad_bytes <= DDP_FIRST_BUCKET_BYTES:
+        return 1
+    return 1 + math.ceil((grad_bytes - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
+
+
+def uses_fsdp(plan: Plan) -> bool:
+    """The runtime shards with FSDP2 (ZeRO plans, and TP x DP); else DDP (or nothing)."""
+    return plan.dp > 1 and (plan.zero_stage > 0 or plan.tp > 1)
+
+
+def step_overhead_s(profile: CpuProfile, plan: Plan) -> float:
+    """Once per step on every rank: the all-gather of (loss share, peak memory) that ends each
+    step of `runtime.train` (16 bytes per rank, over all ranks)."""
+    return profile.collective_s("all_gather", 16.0 * plan.world_size, plan.world_size,
+                                plan.world_size)
+
+
+def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
+    """`simulator.costs.StageCosts` of every pipeline stage from the cluster's calibrated
+    profile; None when the profile does not cover the model shape, the TP degree or the plan's
+    features (sequence parallelism, selective recomputation, interleaving), so the caller falls
+    back to the generic per-op model.
+
+    Layer and edge times come measured with their framework overhead (and, under TP, the TP
+    collectives and DTensor dispatch). DP and ZeRO-3 traffic is exposed, not overlapped: the
+    gloo reduction runs on the same cores as the backward.
+    """
+    from simulator.costs import StageCosts
+    from simulator.memory import stage_params
+
+    profile: CpuProfile | None = getattr(cluster, "cpu_costs", None)
+    if (profile is None or plan.sequence_parallel or plan.recompute == "selective"
+            or plan.virtual_stages > 1):
+        return None
+    terms = compute_terms(profile, model, plan)
+    if not terms:
+        return None
+    world, pp, m = plan.world_size, plan.pp, plan.num_microbatches
+    layers_of = plan.layers_per_stage(model)
+    bwd_layer = terms["layer_bwd_full" if plan.recompute == "full" else "layer_bwd"]
+    head_fwd = max(0.0, terms["edge_fwd"] - terms["emb_fwd"])
+    head_bwd = max(0.0, terms["edge_bwd"] - terms["emb_bwd"])
+    emb_share = model.embedding_params() / max(1.0, model.embedding_params()
+                                                + model.vocab_size * model.hidden)
+    act_bytes = plan.micro_batch * model.seq_len * model.hidden * 4       # fp32 (B, T, h)
+    fsdp = uses_fsdp(plan) and not terms["zero3_measured"]     # else measured with the layers
+    out = []
+    for g, layers in enumerate(layers_of):
+        first, last = g == 0, g == len(layers_of) - 1
+        # a pipeline stage pays the schedule's own cost per action (measured with its
+        # send / receive latency on trivial stages); the activation bytes travel at p2p rate
+        action = profile.pipeline_action_s(world) if pp > 1 else 0.0
+        fwd = layers * terms["layer_fwd"] + first * terms["emb_fwd"] + last * head_fwd + action
+        bwd = layers * bwd_layer + first * terms["emb_bwd"] + last * head_bwd + action
+        fwd_comm = bwd_comm = 0.0
+        params = stage_params(model, plan, g)
+        grad_bytes = params * 4
+        dp_comm = 0.0
+        if fsdp:
+            # FSDP2: each block (and the root) all-gathers its shard before every forward
+            # (it reshards after backward); ZeRO-3 gathers again before the backward; the
+            # gradients reduce-scatter once per step (synced on the last micro-batch only).
+            units = layers + 1
+            unit_bytes = grad_bytes / units
+            gather = profile.collective_s("all_gather", unit_bytes, world, plan.dp)
+            scatter = profile.collective_s("reduce_scatter", unit_bytes, world, plan.dp)
+            fwd_comm = units * gather
+            bwd_comm = units * ((gather if plan.zero_stage == 3 else 0.0)
+                                + scatter / m)
+        elif plan.dp > 1:
+            n = ddp_buckets(grad_bytes)
+            dp_comm = n * profile.collective_s("all_reduce", grad_bytes / n, world, plan.dp)
+        optimizer = (layers * terms["opt_layer_s"]
+                     + terms["opt_edge_s"] * (first * emb_share + last * (1 - emb_share)))
+        if uses_fsdp(plan) and not terms["zero3_measured"]:
+            optimizer /= plan.dp
+        p2p = (act_bytes / profile.collective("p2p", world, 2)["bandwidth_Bps"]
+               if pp > 1 else 0.0)
+        out.append(StageCosts(
+            fwd_compute_s=fwd, bwd_compute_s=bwd, fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm,
+            p2p_fwd_s=p2p if not last else 0.0, p2p_bwd_s=p2p if not first else 0.0,
+            dp_comm_s=dp_comm + step_overhead_s(profile, plan), optimizer_s=optimizer))
+    return out
