@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -60,15 +61,31 @@ def default_global_batch(cluster, seq_len: int) -> int:
     return max(1, 2 ** round(math.log2(DEFAULT_BATCH_TOKENS / seq_len)))
 
 
+def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
+    """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+            raise PlanError(f"{flag}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def fmt_params(n: int) -> str:
+    """A parameter count as ``'70.55B'`` or ``'3.3M'``."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from planner.search import search
     console = _console(args)
+    require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
+                     "--mtbf-hours", "--node-mtbf-hours")
+    require_positive(args, "--top-k", allow_zero=True)
     model = load_model(args.model)
-    if args.seq_len:
+    if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)
     cluster = _cluster(args.cluster, args.nodes, args.ranks)
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
-    console.print(f"[bold]{model.name}[/] ({model.num_params() / 1e9:.2f}B params, seq "
+    console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
                   f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
                   f"{cluster.device.name}), global batch {gb}")
     with console.status("searching every legal plan ..."):
@@ -83,7 +100,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "rejected": rejected.to_dict("records"), **json_extras(result)}))
     else:
         if not ranked.empty:
-            print_table(console, ranked, "ranked plans (best first)", PLAN_TABLE, limit=args.top)
+            columns = dict(PLAN_TABLE)
+            shown = ranked.head(args.top)
+            if (shown["placement"] != "tp.dp.pp").any():
+                # Rows that differ only in rank placement would look identical without it.
+                columns["placement"] = ("order", None)
+            print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")
         console.print(f"{len(ranked)} legal plans ({refined} best refined by SimPy, the rest "
@@ -103,7 +125,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                      "num_devices": best.world_size,
                      "peak_flops_per_device": cluster.device.peak(best.dtype)}))
         console.print(f"wrote {args.out} ({best.id})")
-    return 0 if not ranked.empty else 1
+    # No legal plan: the inputs cannot be satisfied together (the report says which constraint
+    # blocks them), so this is bad input, exit 2, also with --json.
+    return 0 if not ranked.empty else 2
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -115,6 +139,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)))
     if getattr(args, "trace", None):
         from simulator.trace import write_chrome_trace
+        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(pred.events, args.trace)
     out = {"id": pf.plan.id, **pred.to_dict()}
     if args.json:
@@ -262,6 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except PlanError as exc:
         Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (``meshplan ... | head``): nothing left to say to it.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit flush quiet
+        return 1
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        # A path the user gave cannot be read or written: bad input.
+        Console(stderr=True).print(f"[red]error:[/] {exc.strerror}: {exc.filename!r}",
+                                   highlight=False)
         return 2
     except (RuntimeError, OSError) as exc:
         Console(stderr=True).print(f"[red]failed:[/] {exc}", highlight=False)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -29,13 +29,13 @@ def streamlit_command(port: int = 8501, address: str = "127.0.0.1",
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    """Run streamlit in the foreground until interrupted; its exit status is ours."""
+    """Become the streamlit server (exec): signals sent to `meshplan app` reach it directly,
+    so stopping the command never leaves an orphan server behind."""
     print(f"meshplan explorer on http://{args.address}:{args.port} (Ctrl-C stops it)",
-          file=sys.stderr)
-    try:
-        return subprocess.call(streamlit_command(args.port, args.address, not args.browser))
-    except KeyboardInterrupt:
-        return 0
+          file=sys.stderr, flush=True)
+    command = streamlit_command(args.port, args.address, not args.browser)
+    os.execv(command[0], command)
+    return 0  # not reached: execv replaces this process
 
 
 def add_app_parser(sub) -> None:

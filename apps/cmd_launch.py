@@ -33,6 +33,11 @@ def launch_env() -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
     console = Console(stderr=bool(args.json))
+    for flag, value in (("--nodes", args.nodes), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise PlanError(f"{flag}={value} must be a positive integer")
+    if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
+        raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
@@ -53,7 +58,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise PlanError("--run starts one node's agent; give --node-rank R")
     commands = [torchrun_node_command(args.plan, nodes=args.nodes, node_rank=r,
                                       rdzv_endpoint=args.rdzv_endpoint, steps=args.steps,
-                                      out_dir=args.out, data=args.data, rdzv_id=args.rdzv_id)
+                                      out_dir=args.out, data=args.data, rdzv_id=args.rdzv_id,
+                                      # Printed lines run on other nodes: name the launcher
+                                      # portably; --run starts it here with this interpreter.
+                                      launcher=None if args.run else ["torchrun"])
                 for r in ranks]
     out["commands"] = [{"node_rank": r, "argv": c, "line": shell_line(c)}
                        for r, c in zip(ranks, commands, strict=True)]

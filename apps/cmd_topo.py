@@ -89,6 +89,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes:
         raise PlanError(f"--sizes {args.sizes!r} lists no size; use e.g. 1M,64M,1G")
+    if args.ranks is not None and args.ranks < 2:
+        raise PlanError(f"--ranks={args.ranks}: a collective needs at least 2 ranks")
     local = args.cluster == "localhost-cpu"
     cluster = _load(args, args.ranks if local else None)
     rows = collective_rows(cluster, op, sizes, None if local else args.ranks,

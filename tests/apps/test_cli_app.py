@@ -23,11 +23,11 @@ def plan_path(tmp_path):
 def test_app_serves_the_explorer_with_streamlit(monkeypatch):
     seen = {}
 
-    def call(cmd):
+    def execv(path, cmd):
         seen["cmd"] = cmd
-        return 0
+        assert path == cmd[0]
 
-    monkeypatch.setattr(cmd_app.subprocess, "call", call)
+    monkeypatch.setattr(cmd_app.os, "execv", execv)
     assert main(["app", "--port", "8612"]) == 0
     cmd = seen["cmd"]
     assert cmd[1:4] == ["-m", "streamlit", "run"]
