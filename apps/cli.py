@@ -156,6 +156,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from apps.run_config import (
+        check_run_args,
         echo_run_config,
         resolved_run_config,
         save_run_config,
@@ -163,6 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     from runtime.launch import run_plan
     console = _console(args)
+    check_run_args(args)
     config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data)
     echo_run_config(console, config)
     console.print(f"  saved   {save_run_config(config)}", highlight=False)

@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from planner import __version__
 from planner.planfile import read_plan_file
+from planner.spec import PlanError
 
 RUN_CONFIG_NAME = "run_config.json"
 
@@ -48,6 +50,37 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
                 "--master-port 0", "--master-port FREE_PORT")}
 
 
+def check_run_args(args) -> None:
+    """Check `meshplan run`'s plan and flags before torchrun starts any worker.
+
+    Raises:
+        PlanError: the plan file is invalid; a flag is out of range; the data file is missing;
+            or the plan needs devices this machine does not have (a GPU cluster's plan without
+            CUDA, or more ranks than GPUs: multi-node plans go through `meshplan launch`).
+    """
+    import torch
+
+    from runtime.elastic import fault_args_error
+    pf = read_plan_file(args.plan)
+    if args.steps < 1:
+        raise PlanError(f"--steps={args.steps} must be >= 1")
+    if args.max_restarts < 0:
+        raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
+    if args.data is not None and not Path(args.data).is_file():
+        raise PlanError(f"--data file {args.data!r} does not exist")
+    if (problem := fault_args_error(args, world=pf.plan.world_size)) is not None:
+        raise PlanError(problem)
+    world, gpus = pf.plan.world_size, torch.cuda.device_count()
+    if pf.cluster.get("name") != "localhost-cpu" and gpus == 0:
+        raise PlanError(
+            f"plan {pf.plan.id} is for cluster {pf.cluster.get('name')!r} ({world} GPUs) and "
+            f"this machine has no CUDA device; plan for it with --cluster localhost-cpu, or "
+            f"start it on the cluster with `meshplan launch`")
+    if gpus and world > gpus:
+        raise PlanError(f"plan {pf.plan.id} needs {world} GPUs, this node has {gpus}; start "
+                        f"it across nodes with `meshplan launch {args.plan} --nodes N ...`")
+
+
 def echo_run_config(console: Console, config: dict) -> None:
     """Print the resolved configuration in a few lines."""
     model, plan = config["model"], config["plan"]
@@ -72,12 +105,17 @@ def save_run_config(config: dict) -> Path:
     return path
 
 
-def _steps_done(metrics_path: Path) -> int:
+def _steps_done(metrics_path: Path, since: float = 0.0, total: int | None = None) -> int:
+    # Steps in metrics.jsonl, once the run has written it (a file older than ``since`` is a
+    # previous run's), at most ``total``.
     try:
+        if metrics_path.stat().st_mtime < since:
+            return 0
         with open(metrics_path, encoding="utf-8") as f:
-            return sum(1 for line in f if line.strip())
+            done = sum(1 for line in f if line.strip())
     except OSError:
         return 0
+    return done if total is None else min(done, total)
 
 
 def with_step_progress(console: Console, config: dict, run: Callable[[], dict],
@@ -92,11 +130,11 @@ def with_step_progress(console: Console, config: dict, run: Callable[[], dict],
                TextColumn("steps"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task(f"training {config['plan_id']}", total=config["steps"])
-        stop = threading.Event()
+        stop, since = threading.Event(), time.time()
 
         def poll() -> None:
             while not stop.wait(poll_s):
-                progress.update(task, completed=_steps_done(metrics))
+                progress.update(task, completed=_steps_done(metrics, since, config["steps"]))
 
         watcher = threading.Thread(target=poll, daemon=True)
         watcher.start()
@@ -106,4 +144,4 @@ def with_step_progress(console: Console, config: dict, run: Callable[[], dict],
         finally:
             stop.set()
             watcher.join()
-            progress.update(task, completed=_steps_done(metrics))
+            progress.update(task, completed=_steps_done(metrics, since, config["steps"]))

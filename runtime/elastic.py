@@ -64,13 +64,15 @@ def add_fault_args(parser: argparse.ArgumentParser) -> None:
                         help="blocking dcp.save instead of async_save (for measurements)")
 
 
-def fault_args_error(args: argparse.Namespace) -> str | None:
-    """The first problem with the fault flags (checked before any collective), or None."""
+def fault_args_error(args: argparse.Namespace, world: int | None = None) -> str | None:
+    """The first problem with the fault flags (checked before any collective), or None.
+
+    ``world`` is the job's world size (default: this process's ``WORLD_SIZE``)."""
     try:
         faults = parse_faults(all_fault_specs(args))
     except ValueError as exc:
         return str(exc)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     for fault in faults:
         if fault.rank is not None and fault.rank >= world:
             return f"--inject {fault.spec}: rank {fault.rank} does not exist (world size {world})"
@@ -170,8 +172,8 @@ class Resilience:
             share = step_fn(inputs, targets)
             if self.checkpoints is not None:
                 self.checkpoints.wait_staged()     # the optimizer step may change params now
-            if self.injector.slow_factor > 1.0:
-                time.sleep((self.injector.slow_factor - 1.0) * (time.perf_counter() - start))
+            if (factor := self.injector.slow_factor(k)) > 1.0:
+                time.sleep((factor - 1.0) * (time.perf_counter() - start))
             if self.injector.nan_at(k):
                 share = share * float("nan")
                 for p in self._params():

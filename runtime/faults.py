@@ -5,8 +5,8 @@ Specs (``meshplan run --inject SPEC``, repeatable, or the plan file's ``faults:`
 - ``kill:rank=R,step=S``: rank R's process dies (SIGKILL) at the start of step S.
 - ``hang:rank=R,step=S``: rank R stops answering collectives at the start of step S (it sleeps
   for an hour; the peers' collective timeout turns that into an error and torchrun restarts).
-- ``slow:rank=R,factor=F``: rank R is a straggler: every step's compute takes F times as long
-  (it sleeps (F - 1) x its compute time before the step's gradient synchronisation ends).
+- ``slow:rank=R,factor=F[,step=S]``: rank R is a straggler: every step's compute (from step S,
+  default 1) takes F times as long (it sleeps (F - 1) x its compute time of the step).
 - ``corrupt-checkpoint:step=S``: the checkpoint of step S is damaged on disk right after it
   was written (bytes of a shard are flipped), so a later load must fall back.
 - ``nan:step=S``: step S's loss (and gradients) become NaN.
@@ -37,6 +37,8 @@ FAULT_FIELDS: dict[str, tuple[str, ...]] = {
     "kill": ("rank", "step"), "hang": ("rank", "step"), "slow": ("rank", "factor"),
     "corrupt-checkpoint": ("step",), "nan": ("step",),
 }
+#: Fields a kind may leave out.
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"slow": ("step",)}
 #: Seconds a hung rank sleeps: far longer than any collective timeout.
 HANG_S = 3600.0
 
@@ -63,7 +65,8 @@ class Fault:
 
     @property
     def spec(self) -> str:
-        fields = [f"{name}={getattr(self, name)}" for name in FAULT_FIELDS[self.kind]]
+        names = FAULT_FIELDS[self.kind] + OPTIONAL_FIELDS.get(self.kind, ())
+        fields = [f"{n}={getattr(self, n)}" for n in names if getattr(self, n) is not None]
         return f"{self.kind}:{','.join(fields)}"
 
 
@@ -85,10 +88,11 @@ def parse_fault(spec: str) -> Fault:
                          f"{', '.join(FAULT_FIELDS)}")
     want = FAULT_FIELDS[kind]
     usage = f"{kind}:" + ",".join(f"{name}=..." for name in want)
+    allowed = want + OPTIONAL_FIELDS.get(kind, ())
     values: dict[str, str] = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
-        if not eq or key not in want:
+        if not eq or key not in allowed:
             raise ValueError(f"--inject {spec!r}: field {key!r} is not one of {kind}'s "
                              f"fields; write {usage}")
         values[key] = value
@@ -123,8 +127,11 @@ class Injector:
         if self.log.exists():
             fired = {json.loads(line)["spec"] for line in self.log.read_text().splitlines()}
         self.pending = [f for f in faults if f.spec not in fired]
-        self.slow_factor = max([f.factor for f in faults
-                                if f.kind == "slow" and f.rank == rank] or [1.0])
+        self.slow = [f for f in faults if f.kind == "slow" and f.rank == rank]
+
+    def slow_factor(self, step: int) -> float:
+        """How many times slower this rank computes at ``step`` (1.0: full speed)."""
+        return max([f.factor for f in self.slow if step >= (f.step or 1)] or [1.0])
 
     def _take(self, kind: str, step: int, *, mine: bool = True) -> Fault | None:
         for fault in self.pending:

@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -119,8 +120,11 @@ def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int,
         return 0, 1
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    # the rendezvous keeps the default patience: a short collective timeout (--timeout-s)
+    # must not fail a restart whose ranks start a few seconds apart on a loaded machine
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                         is_master=(rank == 0 and not agent_store), timeout=timeout)
+                         is_master=(rank == 0 and not agent_store),
+                         timeout=max(timeout, timedelta(seconds=DIST_TIMEOUT_S)))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"attempt{attempt}/", base)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
@@ -367,6 +371,11 @@ def _write_summary(out: Path, summary: dict, plan_path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (2 for input errors)."""
+    # torch's own FSDP / DTensor code still calls the old collective names; the warning is
+    # about torch internals, not this program, and would print once per rank per run.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*(all_gather_into_tensor|reduce_scatter_tensor)`? is "
+                                    r"deprecated")
     args = parse_args(argv)
     try:
         pf, tokens = check_inputs(args)

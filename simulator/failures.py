@@ -264,3 +264,29 @@ def predicted_run_goodput(*, step_time_s: float, steps: int, checkpoint_every: i
         last = (done // checkpoint_every) * checkpoint_every if checkpoint_every else 0
         lost += restart_s + (done - last + interrupted_fraction) * step_time_s
     return useful / (useful + checkpoints * checkpoint_blocking_s + lost)
+
+
+def simulate_straggler(model, plan, cluster, *, slow_factor: float, stage: int = 0,
+                       overlap_dp: bool = False, options=None):
+    """SimPy step of ``plan`` when one device of pipeline rank ``stage`` is ``slow_factor``
+    times slower (returns `simulator.simulate.PipelineResult`).
+
+    Its TP peers wait for it at every collective, so the whole stage computes (forward,
+    backward, optimizer) at its pace; the simulated pipeline then waits for that stage, and
+    the DP reduction for this replica, the slowest, so its step is the job's step.
+    """
+    import dataclasses
+
+    from simulator.costs import DEFAULT_OPTIONS, stage_costs
+    from simulator.simulate import simulate_pipeline
+    if not slow_factor >= 1.0:
+        raise PlanError(f"slow_factor={slow_factor} must be >= 1")
+    if not 0 <= stage < plan.pp:
+        raise PlanError(f"stage={stage} must be in [0, pp={plan.pp})")
+    costs = stage_costs(model, plan, cluster, options or DEFAULT_OPTIONS)
+    slow = [dataclasses.replace(c, fwd_compute_s=c.fwd_compute_s * slow_factor,
+                                bwd_compute_s=c.bwd_compute_s * slow_factor,
+                                optimizer_s=c.optimizer_s * slow_factor)
+            if g % plan.pp == stage else c for g, c in enumerate(costs)]
+    return simulate_pipeline(slow, plan.schedule, plan.num_microbatches,
+                             virtual_stages=plan.virtual_stages, overlap_dp=overlap_dp)

@@ -94,3 +94,25 @@ def test_module_doctests_pass():
 
     import simulator.failures
     assert doctest.testmod(simulator.failures).failed == 0
+
+
+def test_simulated_straggler_slows_its_stage_pipeline_and_replica():
+    from planner.presets import load_model
+    from planner.spec import Plan
+    from simulator.cluster import load_cluster
+    from simulator.failures import simulate_straggler
+    from simulator.simulate import simulate
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=4)
+    flat = Plan(tp=4, pp=1, dp=8, micro_batch=1, global_batch=32)
+    base = simulate(model, flat, cluster)
+    # no pipeline: the whole compute stretches, as the closed form says
+    assert simulate_straggler(model, flat, cluster, slow_factor=2.0).step_time_s == \
+        pytest.approx(straggler_step_time_s(base.step_time_s, base.compute_s, 2.0))
+    piped = Plan(tp=4, pp=4, dp=2, micro_batch=1, global_batch=32)
+    base = simulate(model, piped, cluster)
+    for stage in range(4):
+        one = simulate_straggler(model, piped, cluster, slow_factor=2.0, stage=stage)
+        # slower than healthy, faster than if every stage were slow (at most 2x)
+        assert base.step_time_s < one.step_time_s < 2.0 * base.step_time_s
+    with pytest.raises(PlanError, match="stage=4 must be in"):
+        simulate_straggler(model, piped, cluster, slow_factor=2.0, stage=4)
