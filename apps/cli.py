@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("compare", help="predict, run and compare local DP/TP/PP plans")
     sc.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
-    sc.add_argument("--sweep", action="store_true", help="the full sweep (16 plans, ~5 min) "
+    sc.add_argument("--sweep", action="store_true", help="the full sweep (16 plans, ~2-5 min) "
                     "instead of the 4 default plans")
     sc.add_argument("--out", default="runs/compare")
     sc.add_argument("--json", action="store_true")

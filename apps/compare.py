@@ -111,7 +111,8 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
     the whole sweep).
 
     Returns (and writes to ``out_dir/compare.json``) ``{"rows": [...], "mape", "worst",
-    "spearman", "best_plan_match", "predicted_best", "measured_best", "assumptions"}``. Each
+    "spearman", "best_plan_match", "predicted_best", "measured_best", "failed",
+    "assumptions"}`` (``failed``: runs that exited non-zero, with their first error line). Each
     row has id, predicted / measured step_time_s, tokens_per_s and MFU, rel_error =
     (predicted − measured) / measured of the step time, final_loss and the row's assumptions
     (profile, threads per rank, ranks per core, ...). Also writes ``out_dir/compare.png``.
@@ -121,7 +122,7 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen = sweep_plans(plans)
-    rows = []
+    rows, failed = [], []
     for n, (model, plan) in enumerate(chosen, 1):
         rid = row_id(model, plan)
         pred, assumptions = predict(model, plan)
@@ -133,8 +134,13 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
         console.print(f"[{n}/{len(chosen)}] {rid}: predicted "
                       f"{fmt_time_s(pred['step_time_s'])}, running {plan.world_size} rank(s) "
                       f"for {steps} steps ...", highlight=False)
-        summary = run_plan(plan_path, steps=steps, out_dir=run_dir, quiet=True,
-                           timeout_s=timeout_s)
+        try:
+            summary = run_plan(plan_path, steps=steps, out_dir=run_dir, quiet=True,
+                               timeout_s=timeout_s)
+        except RuntimeError as exc:       # keep the sweep going; the failure is reported
+            failed.append({"id": rid, "error": str(exc).splitlines()[0]})
+            console.print(f"  [red]failed:[/] {failed[-1]['error']}", highlight=False)
+            continue
         measured = summary["step_time_s"]
         rows.append({"id": rid, "model": model.name, "world_size": plan.world_size,
                      "predicted_step_time_s": pred["step_time_s"],
@@ -146,8 +152,10 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
                      "final_loss": summary["final_loss"],
                      "ranks_per_core": assumptions["ranks_per_core"],
                      "assumptions": assumptions})
+    if not rows:
+        raise RuntimeError(f"every compare run failed: {failed}")
     result = summarize_rows(rows)
-    result |= {"steps": steps, "assumptions": {
+    result |= {"steps": steps, "failed": failed, "assumptions": {
         "profile": rows[0]["assumptions"]["profile"] if rows else None,
         "global_batch": COMPARE_GLOBAL_BATCH, "dtype": "fp32", "threads_per_rank": 1,
         "cores": os.cpu_count(), "load_average_1m": _load_average(),

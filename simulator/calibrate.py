@@ -1,6 +1,7 @@
 """`meshplan calibrate`: microbenchmarks of this machine that mirror what training does.
 
-Two kinds of worker groups, each started fresh with one torch thread per process:
+Two kinds of worker groups, each started fresh with one torch thread per process, run the
+microbenchmarks of `simulator.calibrate_bench`:
 
 - compute, k processes computing at once (k = 1, 2, ..., ranks): single-thread fp32 GEMMs at
   the model's layer shapes, SDPA attention, GeLU / LayerNorm / copy throughput, and the
@@ -37,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from planner.spec import ModelSpec
+from simulator import calibrate_bench as bench
 from simulator.cpu_model import CpuProfile, shape_key
 from simulator.hardware import DeviceProfile
 
@@ -78,117 +80,6 @@ def read_profile(path: str | os.PathLike) -> CpuProfile:
                       compute=costs["compute"], collectives=costs["collectives"])
 
 
-# --------------------------------------------------------------------------- timing helpers
-
-
-def _median_s(fn: Callable[[], object], iters: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
-                      recompute: str = "none", tp_mesh=None, dp_mesh=None,
-                      barrier=None) -> dict[str, float]:
-    """Median forward, backward and AdamW seconds of the runtime's model with ``layers``
-    layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given, under
-    ZeRO-3 (FSDP2, `runtime.parallelize.apply_dp`) when ``dp_mesh`` is."""
-    import torch
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from runtime.model import Transformer, cross_entropy_loss
-    from runtime.parallelize import apply_dp, apply_recompute, apply_tp
-    from runtime.train import make_optimizer
-
-    model = Transformer(spec.replace(num_layers=layers), seed=0)
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh, loss_parallel=True)
-    apply_recompute(model, recompute)
-    if dp_mesh is not None:
-        model = apply_dp(model, dp_mesh, zero_stage=3)
-    opt = make_optimizer(model.parameters())
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), generator=g)
-    y = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), generator=g)
-    ctx = loss_parallel if tp_mesh is not None else _nullcontext
-    rows = []
-    for i in range(iters + 2):                     # two warm-up steps (DTensor propagation)
-        if barrier is not None:
-            barrier()
-        t0 = time.perf_counter()
-        with ctx():
-            loss = cross_entropy_loss(model(x), y)
-            t1 = time.perf_counter()
-            loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        t3 = time.perf_counter()
-        if i >= 2:
-            rows.append((t1 - t0, t2 - t1, t3 - t2))
-    return {k: statistics.median(r[j] for r in rows)
-            for j, k in enumerate(("fwd", "bwd", "opt"))}
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _embedding_times(spec: ModelSpec, micro_batch: int, iters: int) -> dict[str, float]:
-    import torch
-    tok = torch.nn.Embedding(spec.vocab_size, spec.hidden)
-    pos = torch.nn.Embedding(spec.seq_len, spec.hidden)
-    x = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len))
-    rows = []
-    for _ in range(iters + 1):
-        t0 = time.perf_counter()
-        h = tok(x) + pos(torch.arange(spec.seq_len))
-        t1 = time.perf_counter()
-        h.sum().backward()
-        rows.append((t1 - t0, time.perf_counter() - t1))
-    return {"fwd": statistics.median(r[0] for r in rows[1:]),
-            "bwd": statistics.median(r[1] for r in rows[1:])}
-
-
-def _op_rates(spec: ModelSpec, iters: int) -> dict[str, float]:
-    """GEMM FLOP/s at the layer shapes (best and harmonic mean), SDPA fwd+bwd FLOP/s, and
-    elementwise (GeLU, LayerNorm) and copy bytes/s, one thread."""
-    import torch
-    import torch.nn.functional as F
-
-    from simulator.probe import layer_gemm_shapes
-    rates = []
-    for m, k, n in layer_gemm_shapes(spec, micro_batch=4):
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        rates.append(2.0 * m * k * n / _median_s(lambda a=a, b=b: a @ b, iters))
-    heads, d, s = spec.num_heads, spec.head_dim, spec.seq_len
-    q, k_, v = (torch.randn(4, heads, s, d, requires_grad=True) for _ in range(3))
-
-    def attn():
-        F.scaled_dot_product_attention(q, k_, v, is_causal=True).sum().backward()
-    # causal QKᵀ and AV forward = 2·b·a·s²·d, backward 2.5x (FlashAttention-2 accounting)
-    attn_flops = 3.5 * 2 * 4 * heads * s * s * d
-    big = torch.randn(4 * s, spec.ffn_hidden)
-    act = torch.randn(4 * s, spec.hidden)
-    ln = torch.nn.LayerNorm(spec.hidden)
-    src = torch.empty(16 * 2**20)
-    dst = torch.empty_like(src)
-    return {"gemm_best_flops": max(rates), "gemm_mean_flops": statistics.harmonic_mean(rates),
-            "attention_flops": attn_flops / _median_s(attn, iters),
-            "gelu_Bps": 2 * big.numel() * 4 / _median_s(lambda: F.gelu(big), iters),
-            "layernorm_Bps": 2 * act.numel() * 4 / _median_s(lambda: ln(act), iters),
-            "copy_Bps": 2 * src.numel() * 4 / _median_s(lambda: dst.copy_(src), iters)}
-
-
 # --------------------------------------------------------------------------- compute workers
 
 
@@ -209,16 +100,16 @@ def _compute_worker(rank, k, specs, micro_batches, iters, recompute_first, barri
     torch.set_num_threads(1)
     out: dict = {"models": {}, "ops": None}
     barrier.wait()
-    out["ops"] = _op_rates(specs[0], max(3, iters))
+    out["ops"] = bench.op_rates(specs[0], max(3, iters))
     for i, layers, mb, recompute in _compute_items(specs, micro_batches, recompute_first):
         barrier.wait()
-        times = _model_step_times(specs[i], layers, mb, iters, recompute=recompute)
+        times = bench.model_step_times(specs[i], layers, mb, iters, recompute=recompute)
         out["models"][(i, layers, mb, recompute)] = times
         if rank == 0:
             queue.put(("tick", f"k={k} {specs[i].name} L{layers} mb{mb} {recompute}"))
     for i, spec in enumerate(specs):
         for mb in micro_batches:
-            out["models"][(i, "emb", mb)] = _embedding_times(spec, mb, iters)
+            out["models"][(i, "emb", mb)] = bench.embedding_times(spec, mb, iters)
     queue.put(("result", rank, out))
 
 
@@ -248,68 +139,6 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> dict[str, float]:
     return {"latency_s": float(alpha), "bandwidth_Bps": float(1 / c)}
 
 
-def _time_collective(dist, op, size, group, iters):
-    import torch
-    n = dist.get_world_size(group)
-    elems = max(n, int(size // 4) // n * n)
-    x = torch.ones(elems)
-    shard = torch.empty(elems // n)
-    if op == "all_reduce":
-        def fn():
-            dist.all_reduce(x, group=group)
-    elif op == "reduce_scatter":
-        def fn():
-            dist.reduce_scatter_tensor(shard, x, group=group)
-    else:
-        def fn():
-            dist.all_gather_into_tensor(x, shard, group=group)
-    # per-rank buffer bytes: the full tensor for all-reduce / reduce-scatter input / gather out
-    dist.barrier()
-    return _median_s(fn, iters, warmup=2)
-
-
-def _time_p2p(dist, size, iters):
-    import torch
-    rank = dist.get_rank()
-    x = torch.ones(max(1, int(size // 4)))
-    peer = rank ^ 1
-
-    def ping():
-        if rank % 2 == 0:
-            dist.send(x, peer)
-            dist.recv(x, peer)
-        else:
-            dist.recv(x, peer)
-            dist.send(x, peer)
-    dist.barrier()
-    return _median_s(ping, iters, warmup=2) / 2
-
-
-def _time_pipeline_action(dist, world: int, micro_batches: int, iters: int, width: int,
-                          tokens: int) -> float:
-    """Seconds per 1F1B action (one forward or backward of one micro-batch on one stage,
-    with its send / receive) of ``torch.distributed.pipelining`` over ``world`` stages whose
-    compute is a tiny Linear on a (tokens, width) activation: the schedule's own cost."""
-    import torch
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    rank = dist.get_rank()
-    stage = PipelineStage(torch.nn.Linear(width, width), rank, world, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, n_microbatches=micro_batches,
-                            loss_fn=lambda out, y: ((out - y) ** 2).mean())
-    x = torch.randn(micro_batches, tokens, width)
-
-    def step():
-        if rank == 0:
-            schedule.step(x)
-        elif rank == world - 1:
-            schedule.step(target=x, losses=[])
-        else:
-            schedule.step()
-        dist.barrier()
-    step_s = _median_s(step, iters, warmup=2)
-    return step_s / (2 * (micro_batches + world - 1))
-
-
 def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
     import warnings
     from datetime import timedelta
@@ -323,20 +152,20 @@ def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
                           timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "fsdp": {}}
+    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "fsdp": {}, "tp_dp": {}}
     groups = {world: None}
     if world > 2:
         pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
         groups[2] = pairs[rank // 2]
     for op in COLLECTIVES:
         for n, group in groups.items():
-            pts = [(float(s), _time_collective(dist, op, s, group, iters)) for s in
+            pts = [(float(s), bench.time_collective(dist, op, s, group, iters)) for s in
                    COLLECTIVE_SIZES]
             out["collectives"][(op, n)] = pts
         if rank == 0:
             queue.put(("tick", f"ws={world} {op}"))
-    out["p2p"] = [(float(s), _time_p2p(dist, s, iters)) for s in COLLECTIVE_SIZES]
-    out["pipeline_action_s"] = _time_pipeline_action(dist, world, 2 * world, iters, 8, 8)
+    out["p2p"] = [(float(s), bench.time_p2p(dist, s, iters)) for s in COLLECTIVE_SIZES]
+    out["pipeline_action_s"] = bench.time_pipeline_action(dist, world, 2 * world, iters, 8, 8)
     if rank == 0:
         queue.put(("tick", f"ws={world} send/recv"))
     spec = specs[0]
@@ -344,17 +173,26 @@ def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
         mesh = init_device_mesh("cpu", (world // n, n), mesh_dim_names=("dp", "tp"))
         for mb in tp_micro_batches:
             for layers in CALIBRATION_LAYERS:
-                out["tp"][(n, layers, mb)] = _model_step_times(
+                out["tp"][(n, layers, mb)] = bench.model_step_times(
                     spec, layers, mb, iters, tp_mesh=mesh["tp"], barrier=dist.barrier)
                 if rank == 0:
                     queue.put(("tick", f"ws={world} tp{n} L{layers} mb{mb}"))
     dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     for mb in tp_micro_batches:                       # ZeRO-3 over all ranks
         for layers in CALIBRATION_LAYERS:
-            out["fsdp"][(world, layers, mb)] = _model_step_times(
+            out["fsdp"][(world, layers, mb)] = bench.model_step_times(
                 spec, layers, mb, iters, dp_mesh=dp_mesh, barrier=dist.barrier)
             if rank == 0:
                 queue.put(("tick", f"ws={world} zero3 L{layers} mb{mb}"))
+    if world > 2:                                     # TP x DP: TP groups of 2 under FSDP2
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        for mb in tp_micro_batches:
+            for layers in CALIBRATION_LAYERS:
+                out["tp_dp"][(world // 2, layers, mb)] = bench.model_step_times(
+                    spec, layers, mb, iters, tp_mesh=mesh["tp"], dp_mesh=mesh["dp"],
+                    zero_stage=0, barrier=dist.barrier)
+                if rank == 0:
+                    queue.put(("tick", f"ws={world} tp2 x dp{world // 2} L{layers} mb{mb}"))
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
@@ -387,7 +225,23 @@ def _run_group(target, nproc: int, args: tuple, total_ticks: int, progress) -> l
 
 
 def _points(rows: dict[int, float]) -> dict[int, float]:
-    return {int(t): float(v) for t, v in sorted(rows.items())}
+    """``{tokens: seconds}`` made non-decreasing in tokens (a micro-batch with more tokens
+    cannot take less time; a dip is measurement noise) by isotonic regression (pool adjacent
+    violators: a decreasing run is replaced by its mean).
+
+    >>> _points({1024: 0.03, 128: 0.012, 256: 0.008})
+    {128: 0.01, 256: 0.01, 1024: 0.03}
+    """
+    blocks: list[list[float]] = []                 # [sum, count] per pooled block
+    keys = sorted(rows)
+    for t in keys:
+        blocks.append([float(rows[t]), 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return {int(t): round(v, 9) for t, v in zip(keys, values, strict=True)}
 
 
 def _terms_from_models(spec: ModelSpec, timings: dict, micro_batches, *, emb=None,
@@ -437,7 +291,7 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
     worlds = [w for w in levels if w >= 2]
     n_compute = len(_compute_items(specs, micro_batches, True))
     ticks = len(levels) * n_compute + sum(
-        len(COLLECTIVES) + 1 + 2 * len(tp_micro_batches) * (2 + (w > 2)) for w in worlds)
+        len(COLLECTIVES) + 1 + 2 * len(tp_micro_batches) * (2 + 2 * (w > 2)) for w in worlds)
     compute: dict = {shape_key(s): {"local": {}, "tp": {}} for s in specs}
     ops_by_k = {}
     start = time.perf_counter()
@@ -476,6 +330,10 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
         timings = {(layers, mb, "none"): v for (_, layers, mb), v in res["fsdp"].items()}
         compute[shape_key(spec)].setdefault("zero3", {}).setdefault(f"dp{world}", {})[world] = \
             _terms_from_models(spec, timings, tp_micro_batches)
+        if res["tp_dp"]:
+            timings = {(layers, mb, "none"): v for (_, layers, mb), v in res["tp_dp"].items()}
+            compute[shape_key(spec)].setdefault("tp_dp", {})[f"tp2-dp{world // 2}"] = {
+                world: _terms_from_models(spec, timings, tp_micro_batches)}
     return _profile_mapping(specs, compute, collectives, ops_by_k, ranks, iters,
                             time.perf_counter() - start)
 

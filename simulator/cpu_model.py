@@ -22,6 +22,7 @@ collectives, send/recv      gloo all-reduce, reduce-scatter, all-gather at 4 KiB
 pipeline action             one 1F1B forward or backward of torch.distributed.pipelining on
                             trivial stages (schedule bookkeeping + send/recv latency)
 ZeRO-3 layer / edges        the 1- and 3-layer models under FSDP2 over all ranks
+TP x DP layer / edges       the same under TP groups of 2 and FSDP2 across them
 ==========================  ==================================================================
 
 Ranks that share cores run at the speed measured with as many processes computing at once as
@@ -177,13 +178,17 @@ def compute_terms(profile: CpuProfile, model: ModelSpec, plan: Plan) -> dict[str
     active = active_ranks(plan)
     local = {int(k): v for k, v in entry["local"].items()}
     zero3 = entry.get("zero3", {}).get(f"dp{plan.dp}") if zero3_measured(plan) else None
-    if plan.tp > 1:
+    if not zero3 and plan.tp > 1 and plan.dp > 1 and plan.num_microbatches == 1:
+        # TP x DP (FSDP2 on DTensor parameters), measured as such: gathers, reduce-scatters
+        # and FSDP's per-parameter hooks included
+        zero3 = entry.get("tp_dp", {}).get(f"tp{plan.tp}-dp{plan.dp}")
+    if zero3:
+        levels = {int(w): v for w, v in zero3.items()}
+    elif plan.tp > 1:
         tp = entry.get("tp", {}).get(f"tp{plan.tp}")
         if not tp:
             return {}
         levels = {int(w): v for w, v in tp.items()}
-    elif zero3:
-        levels = {int(w): v for w, v in zero3.items()}
     else:
         levels = local
     out = {}
