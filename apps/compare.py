@@ -51,14 +51,16 @@ SWEEP: list[tuple[str, dict]] = [
 DEFAULT_PLANS = (0, 3, 4, 5)
 #: The reduced set the tests run: 1 rank, DP and PP on 2 ranks.
 REDUCED_PLANS = (0, 3, 5)
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
 COMPARE_TABLE = {"id": ("plan", None), "world_size": ("ranks", None),
-                 "predicted_step_time_s": ("predicted step", fmt_time_s),
-                 "measured_step_time_s": ("measured step", fmt_time_s),
+                 "predicted_step_time_s": ("pred ms", _ms), "measured_step_time_s": ("meas ms", _ms),
                  "rel_error": ("error", fmt_pct),
-                 "predicted_tokens_per_s": ("pred tokens/s", fmt_rate),
-                 "measured_tokens_per_s": ("meas tokens/s", fmt_rate),
-                 "predicted_mfu": ("pred MFU", fmt_pct), "measured_mfu": ("meas MFU", fmt_pct),
-                 "ranks_per_core": ("ranks/core", None)}
+                 "predicted_tokens_per_s": ("pred tok/s", fmt_rate),
+                 "measured_tokens_per_s": ("meas tok/s", fmt_rate),
+                 "measured_mfu": ("meas MFU", fmt_pct)}
 #: A plan within this fraction of the measured best step time counts as the best.
 BEST_PLAN_TOLERANCE = 0.03
 
