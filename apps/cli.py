@@ -189,6 +189,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     console = _console(args)
     result = compare(steps=args.steps, out_dir=Path(args.out), console=console,
                      plans=None if getattr(args, "sweep", False) else DEFAULT_COMPARE_PLANS)
+    if getattr(args, "csv", None):
+        from apps.format import write_csv
+        write_csv(result["rows"], args.csv)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -264,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "instead of the 4 default plans")
     sc.add_argument("--out", default="runs/compare")
     sc.add_argument("--json", action="store_true")
+    sc.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
     sc.set_defaults(func=cmd_compare)
 
     from apps.cmd_validate import add_parser as add_validate

@@ -10,7 +10,7 @@ import re
 import pandas as pd
 from rich.console import Console
 
-from apps.format import print_table
+from apps.format import print_table, write_csv
 from planner.spec import PlanError
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -95,6 +95,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
     cluster = _load(args, args.ranks if local else None)
     rows = collective_rows(cluster, op, sizes, None if local else args.ranks,
                            algorithm=args.algorithm, concurrent=args.concurrent)
+    if args.csv:
+        write_csv(rows, args.csv)
     if args.json:
         print(json.dumps({"op": op, "cluster": cluster.name, "rows": rows}))
         return 0
@@ -191,4 +193,5 @@ def add_collective_parser(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--concurrent", action="store_true", help="every same-shaped group of "
                     "the cluster runs at once (shares NICs and uplinks)")
     sc.add_argument("--json", action="store_true", help="print {\"rows\": [...]} on stdout")
+    sc.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
     sc.set_defaults(func=cmd_collective)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from apps.format import fmt_pct, fmt_time_s, print_table
+from apps.format import fmt_pct, fmt_time_s, print_table, write_csv
 
 COLUMNS = {"id": ("id", None), "model": ("model", None), "num_gpus": ("gpus", None),
            "tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
@@ -48,6 +48,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
     from simulator.validate import validate_runs
     result = validate_runs(args.runs)
+    if getattr(args, "csv", None):
+        write_csv(result["rows"], args.csv)
     if getattr(args, "plot", None):
         plot_scatter({Path(args.runs).stem: result}, args.plot)
     if args.json:
@@ -71,4 +73,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--top", type=int, help="rows to print (default all)")
     sv.add_argument("--plot", metavar="PNG", help="also write a predicted-vs-reference plot")
     sv.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sv.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
     sv.set_defaults(func=cmd_validate)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 from rich import box
 from rich.console import Console
@@ -52,6 +55,16 @@ def fmt_flag(x: bool) -> str:
 def fmt_rate(x: float) -> str:
     """A rate (tokens/s) with thousands separators."""
     return f"{x:,.0f}"
+
+
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """Write table rows as CSV in SI units (nested values as JSON); parent folders created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = [{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()}
+            for row in rows]
+    pd.DataFrame(flat).to_csv(path, index=False)
+    return path
 
 
 def print_table(console: Console, df: pd.DataFrame, title: str,

@@ -73,3 +73,19 @@ def test_sizes_and_ops_parse_like_nccl_tests():
     assert parse_op("reducescatter") == "reduce_scatter" and parse_op("sendrecv") == "send_recv"
     with pytest.raises(PlanError):
         parse_size("lots")
+
+
+def test_collective_csv_has_the_json_rows(tmp_path, capsys):
+    # The CSV holds the same rows as --json (SI units), one line per size.
+    import json
+
+    import pandas as pd
+
+    from apps.cli import main
+    path = tmp_path / "rows.csv"
+    assert main(["collective", "all_reduce", "--cluster", "dgx-h100", "--ranks", "8",
+                 "--sizes", "1M,64M", "--json", "--csv", str(path)]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    table = pd.read_csv(path)
+    assert list(table["size_bytes"]) == [r["size_bytes"] for r in rows] == [2**20, 64 * 2**20]
+    assert list(table["busbw_Bps"]) == pytest.approx([r["busbw_Bps"] for r in rows])
