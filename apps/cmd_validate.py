@@ -15,8 +15,26 @@ COLUMNS = {"id": ("id", None), "model": ("model", None), "num_gpus": ("gpus", No
            "tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
            "predicted_step_time_s": ("predicted", fmt_time_s),
            "reference_step_time_s": ("reference", fmt_time_s),
-           "rel_error": ("error", lambda x: f"{100 * x:+.1f}%"),
-           "flags": ("flags", lambda f: "; ".join(f) if f else "-")}
+           "rel_error": ("error", lambda x: f"{100 * x:+.1f}%")}
+
+
+def defaults_used(rows: list[dict], show: int = 6) -> list[str]:
+    """One line per flag (a setting a row did not give, or a chosen split) with the ids of
+    the rows it applies to, most common first; at most ``show`` ids per line.
+
+    >>> defaults_used([{"id": "a", "flags": ["x=1"]}, {"id": "b", "flags": ["x=1", "y"]}])
+    ['x=1: 2 rows (a, b)', 'y: 1 row (b)']
+    """
+    ids: dict[str, list[str]] = {}
+    for row in rows:
+        for flag in row["flags"]:
+            ids.setdefault(flag, []).append(row["id"])
+    lines = []
+    for flag, who in sorted(ids.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        more = ", ..." if len(who) > show else ""
+        lines.append(f"{flag}: {len(who)} row{'s' if len(who) > 1 else ''} "
+                     f"({', '.join(who[:show])}{more})")
+    return lines
 
 
 def plot_scatter(results: dict[str, dict], path: str) -> None:
@@ -62,6 +80,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     worst = max(result["rows"], key=lambda r: abs(r["rel_error"]))
     console.print(f"{len(df)} rows  MAPE {fmt_pct(result['mape'])}  worst {worst['id']} "
                   f"({worst['model']}) {100 * worst['rel_error']:+.1f}%", highlight=False)
+    lines = defaults_used(result["rows"])
+    if lines:
+        console.print("settings the rows do not give (documented defaults; per row in "
+                      "--json / --csv):", highlight=False)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
     return 0
 
 

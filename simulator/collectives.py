@@ -461,6 +461,40 @@ def p2p_time_on_cluster_s(cluster: Cluster, size_bytes: float, src: int, dst: in
     return p2p_time_s(size_bytes, link.bandwidth_Bps, link.latency_s)
 
 
+def p2p_boundary_time_s(cluster: Cluster, plan: Plan, size_bytes: float, src: int,
+                        dst: int) -> float:
+    """Pipeline send from device ``src`` to ``dst`` while every rank of the same stage sends
+    across the same boundary at once: ``α + k·S/B``, k = the concurrent off-node flows that
+    leave through ``src``'s NIC (all TP ranks and DP replicas of a stage on one node send in
+    the same schedule slot; with fewer NICs than devices, they share them).
+
+    Equal to `p2p_time_on_cluster_s` inside a node and with one NIC per device (the flows of
+    a DGX node use their own rails, k = 1).
+
+    >>> from planner.spec import Plan
+    >>> from simulator.cluster import load_cluster
+    >>> c = load_cluster("dgx-a100", nodes=2)
+    >>> p = Plan(tp=8, pp=2, dp=1, micro_batch=1, global_batch=8)
+    >>> p2p_boundary_time_s(c, p, 1e6, 0, 8) == p2p_time_on_cluster_s(c, 1e6, 0, 8)
+    True
+    """
+    base = p2p_time_on_cluster_s(cluster, size_bytes, src, dst)
+    node = cluster.node_of(src)
+    if base == 0.0 or node == cluster.node_of(dst) or cluster.nics_per_node == 0:
+        return base
+    stride, delta = mesh_strides(plan)["pp"], dst - src
+    stage = (src // stride) % plan.pp
+    nic, flows = cluster.nic_of(src), 0
+    first = node * cluster.devices_per_node
+    for d in range(first, min(first + cluster.devices_per_node, cluster.num_devices)):
+        peer = d + delta
+        if ((d // stride) % plan.pp == stage and 0 <= peer < cluster.num_devices
+                and cluster.node_of(peer) != node and cluster.nic_of(d) == nic):
+            flows += 1
+    link = cluster.link(src, dst)
+    return p2p_time_s(max(1, flows) * size_bytes, link.bandwidth_Bps, link.latency_s)
+
+
 def mesh_strides(plan: Plan) -> dict[str, int]:
     """Device-index stride of each mesh axis; ``plan.placement`` lists axes innermost first.
 

@@ -22,7 +22,7 @@ from simulator.collectives import (
     collective_time_s,
     group_devices,
     mesh_strides,
-    p2p_time_on_cluster_s,
+    p2p_boundary_time_s,
 )
 from simulator.compute import (
     Attention,
@@ -83,6 +83,13 @@ class SimOptions:
             TP rank sends the whole activation (DeepSpeed's pipeline engine).
         p2p_overhead_s: fixed framework time per pipeline send (schedule bookkeeping and
             the synchronisation of a blocking send/recv pair), fitted per framework.
+        zero3_prefetch_params: ZeRO-3 parameters gathered ahead of the layer that needs them
+            (DeepSpeed ``stage3_prefetch_bucket_size``, default 5e7); only that fraction of a
+            layer's weight gather can hide behind the previous layer's compute, the rest
+            stalls the compute stream. None: the whole next layer is prefetched (PyTorch FSDP).
+        zero3_overlap_reduce: ZeRO-3 gradient reduce-scatters run beside the backward
+            (FSDP; DeepSpeed ``overlap_comm: true``); False: they block it (DeepSpeed's
+            documented default ``overlap_comm: false``).
         efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
     """
 
@@ -95,6 +102,8 @@ class SimOptions:
     p2p_scatter_gather: bool = True
     overlap_param_gather: bool = False
     p2p_overhead_s: float = 0.0
+    zero3_prefetch_params: float | None = None
+    zero3_overlap_reduce: bool = True
     efficiency: Efficiency | None = None
 
 
@@ -238,11 +247,18 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
     if options.tp_comm_overlap:
         fwd_comm, bwd_comm = max(0.0, fwd_comm - fwd_dev), max(0.0, bwd_comm - bwd_dev)
-    # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows. On a
-    # CPU cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
+    # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows, and
+    # only the prefetched share of a layer's gather can hide (`SimOptions`). On a CPU
+    # cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
     if cluster.collective_bandwidth_Bps is None:
-        fwd_comm += max(0.0, z_fwd - fwd_dev - fwd_comm)
-        bwd_comm += max(0.0, z_bwd - bwd_dev - bwd_comm)
+        ahead = 1.0
+        if options.zero3_prefetch_params is not None and z_fwd > 0:
+            layer = model.layer_params() / plan.tp
+            ahead = min(1.0, options.zero3_prefetch_params / layer)
+        scatter = z_bwd - z_fwd
+        hidden_b = ahead * z_fwd + (scatter if options.zero3_overlap_reduce else 0.0)
+        fwd_comm += (1 - ahead) * z_fwd + max(0.0, ahead * z_fwd - fwd_dev - fwd_comm)
+        bwd_comm += (z_bwd - hidden_b) + max(0.0, hidden_b - bwd_dev - bwd_comm)
     else:
         fwd_comm, bwd_comm = fwd_comm + z_fwd, bwd_comm + z_bwd
     # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
@@ -301,9 +317,9 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         if tail and options.overlap_param_gather:
             tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
         extra = options.p2p_overhead_s
-        p2p_f = p2p_time_on_cluster_s(cluster, p2p_bytes, src, nxt) + extra \
+        p2p_f = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, nxt) + extra \
             if g < len(chunks) - 1 else 0.0
-        p2p_b = p2p_time_on_cluster_s(cluster, p2p_bytes, src, prv) + extra if g > 0 else 0.0
+        p2p_b = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, prv) + extra if g > 0 else 0.0
         block_f, block_b = (p2p_f, p2p_b) if options.blocking_p2p else (0.0, 0.0)
         out.append(StageCosts(
             fwd_compute_s=fwd, bwd_compute_s=bwd,

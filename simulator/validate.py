@@ -17,10 +17,15 @@ Defaults (never tuned per row):
 * Megatron-LM 2020-2022 on Selene / DGX A100 (Narayanan et al. 2021; Korthikanti et al.
   2022; the 2020 README): fp16, unfused attention, no DP overlap; micro-batch 1 when not
   given (2020 README rows: the per-GPU batch, no accumulation); full recomputation when not
-  given; blocking P2P; cluster ``dgx-a100`` (8 x 200 Gb/s HDR per node). The ZeRO-3 rows of
+  given; blocking P2P; cluster ``dgx-a100`` (8 x 200 Gb/s HDR per node), or
+  ``dgx-a100-40gb`` for the 2020 README rows (A100 40 GB: 1,555 GB/s HBM; the 80 GB DGX A100
+  shipped from November 2020, after those runs). The ZeRO-3 rows of
   Narayanan et al. Table 2 ran DeepSpeed ZeRO-3: its weight gathers and gradient
   reduce-scatters push every rank's full share through the rank's NIC (no node-level
-  aggregation; the 768- and 1536-GPU rows take the same time, as that predicts).
+  aggregation; the 768- and 1536-GPU rows take the same time, as that predicts), with
+  DeepSpeed's documented defaults: 5e7 parameters prefetched ahead (a 175B layer holds
+  1.8e9, so its gather mostly stalls compute) and ``overlap_comm`` off (gradient
+  reduce-scatters block the backward).
 * Megatron-Core 2024 on DGX H100: bf16, flash attention, sequence parallel when tp > 1,
   TP-communication overlap, overlapped bucketed gradient reduction and parameter gather,
   distributed optimizer (ZeRO-1), micro-batch 1, no recomputation, no interleaving; cluster
@@ -48,6 +53,9 @@ from simulator.costs import SimOptions
 from simulator.simulate import estimate, simulate
 
 CLUSTER_DIR = Path(__file__).with_name("presets") / "validation_clusters"
+#: DeepSpeed ZeRO-3 defaults (DeepSpeed configuration docs, ``zero_optimization``):
+#: ``stage3_prefetch_bucket_size`` 5e7 parameters, ``overlap_comm`` false.
+DEEPSPEED_PREFETCH_PARAMS = 5e7
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +114,15 @@ def _family(row: dict) -> str:
     if "Megatron-Core" in src or "2024" in src:
         return "megatron-core"
     return "megatron"
+
+
+def _a100_40gb(row: dict) -> bool:
+    # The row names the 40 GB part, or names no memory size on a 2020 DGX A100 (the 80 GB
+    # DGX A100 shipped from November 2020).
+    gpu = row["gpu"].lower().replace(" ", "")
+    if "80gb" in gpu:
+        return False
+    return "40gb" in gpu or ("a100" in gpu and "2020" in row["gpu"] + row["source"])
 
 
 def _published_case(row: dict) -> RunCase:
@@ -176,9 +193,16 @@ def _published_case(row: dict) -> RunCase:
                          tp_comm_overlap=fam == "megatron-core",
                          dp_bucket_bytes=None if old else 40e6, blocking_p2p=fam != "mpt",
                          zero3_unaggregated=fam == "megatron" and zero == 3,
+                         zero3_prefetch_params=DEEPSPEED_PREFETCH_PARAMS
+                         if fam == "megatron" and zero == 3 else None,
+                         zero3_overlap_reduce=not (fam == "megatron" and zero == 3),
                          overlap_param_gather=fam == "megatron-core",
                          p2p_scatter_gather=fam != "bloom")
     cluster = {"bloom": "jean-zay-a100", "megatron-core": "dgx-h100"}.get(fam, "dgx-a100")
+    if cluster == "dgx-a100" and _a100_40gb(row):
+        cluster = "dgx-a100-40gb"
+        if "40gb" not in row["gpu"].lower().replace(" ", ""):
+            flags.append("gpu=a100-sxm-40gb (default: 2020 DGX A100)")
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
                    overlap_dp=not old, reference_step_time_s=float(row["ref_step_time_s"]),

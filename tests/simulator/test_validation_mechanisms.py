@@ -1,0 +1,91 @@
+"""Mechanisms behind the training-run validation: NIC sharing of pipeline sends, ZeRO-3
+prefetch limits (DeepSpeed defaults), and the 40 GB A100 of 2020 DGX systems.
+
+Expected values are hand calculations from the cluster's own link parameters."""
+
+import pytest
+
+from planner.presets import load_model
+from planner.spec import Plan
+from simulator.cluster import load_cluster
+from simulator.collectives import (
+    collective_time_s,
+    group_devices,
+    p2p_boundary_time_s,
+    p2p_time_on_cluster_s,
+)
+from simulator.compute import layer_compute, load_efficiency
+from simulator.costs import SimOptions, _device, stage_costs
+from simulator.validate import CLUSTER_DIR, _a100_40gb, validation_cluster
+
+GPT3 = load_model("gpt3-175b")
+
+
+def test_pipeline_sends_of_a_tp8_stage_share_four_nics_two_flows_each():
+    # Jean Zay: 8 GPUs, 4 NICs. A tp=8 stage fills a node; all 8 ranks send to the next
+    # node at once, two through each NIC: alpha + 2 S / B (B: one NIC's bandwidth).
+    jz = validation_cluster("jean-zay-a100", 2)
+    plan = Plan(tp=8, pp=2, dp=1, micro_batch=1, global_batch=8)
+    size = 64e6
+    link = jz.link(0, 8)
+    assert p2p_boundary_time_s(jz, plan, size, 0, 8) == pytest.approx(
+        link.latency_s + 2 * size / link.bandwidth_Bps)
+    # DGX A100: one NIC per GPU, so each flow has its own rail: alpha + S / B.
+    dgx = load_cluster("dgx-a100", nodes=2)
+    assert p2p_boundary_time_s(dgx, plan, size, 0, 8) == pytest.approx(
+        p2p_time_on_cluster_s(dgx, size, 0, 8))
+
+
+def test_pipeline_sends_inside_a_node_are_not_shared():
+    jz = validation_cluster("jean-zay-a100", 1)
+    plan = Plan(tp=4, pp=2, dp=1, micro_batch=1, global_batch=8)
+    assert p2p_boundary_time_s(jz, plan, 1e6, 0, 4) == p2p_time_on_cluster_s(jz, 1e6, 0, 4)
+
+
+def _zero3(options):
+    cluster = load_cluster("dgx-a100", nodes=4)
+    plan = Plan(tp=1, pp=1, dp=32, micro_batch=1, global_batch=32, recompute="full",
+                zero_stage=3, dtype="fp16")
+    return cluster, plan, stage_costs(GPT3, plan, cluster, options)[0]
+
+
+def test_zero3_without_prefetch_or_reduce_overlap_exposes_every_collective():
+    # Nothing prefetched, reduce-scatters blocking: per layer the forward waits for one
+    # weight gather, the backward for a second gather and the reduce-scatter.
+    cluster, plan, costs = _zero3(SimOptions(zero3_prefetch_params=0.0,
+                                             zero3_overlap_reduce=False))
+    group = group_devices(plan, "dp")
+    nbytes = GPT3.layer_params() * 2
+    gather = collective_time_s(cluster, "all_gather", nbytes, group)
+    scatter = collective_time_s(cluster, "reduce_scatter", nbytes, group)
+    assert costs.fwd_comm_s == pytest.approx(GPT3.num_layers * gather)
+    assert costs.bwd_comm_s == pytest.approx(GPT3.num_layers * (gather + scatter))
+
+
+def test_zero3_prefetch_of_a_fraction_exposes_the_rest():
+    # Prefetching a quarter of a layer hides at most that quarter of its gather.
+    cluster, plan, full = _zero3(SimOptions())
+    quarter = GPT3.layer_params() / 4
+    _, _, part = _zero3(SimOptions(zero3_prefetch_params=quarter))
+    gather = collective_time_s(cluster, "all_gather", GPT3.layer_params() * 2,
+                               group_devices(plan, "dp"))
+    assert part.fwd_comm_s >= GPT3.num_layers * 0.75 * gather * (1 - 1e-9)
+    assert part.fwd_comm_s > full.fwd_comm_s
+
+
+def test_2020_dgx_a100_rows_run_on_the_40gb_part():
+    assert _a100_40gb({"gpu": "A100 (DGX-A100 cluster, 2020)", "source": "README (2020-09)"})
+    assert _a100_40gb({"gpu": "A100 40GB", "source": "x"})
+    assert not _a100_40gb({"gpu": "A100-SXM4-80GB (Selene)", "source": "2021"})
+    assert (CLUSTER_DIR / "dgx-a100-40gb.yaml").is_file()
+    c40 = validation_cluster("dgx-a100-40gb", 1)
+    c80 = load_cluster("dgx-a100", nodes=1)
+    assert c40.device.name == "a100-sxm-40gb"
+    # Same chip: the same GEMM speed; memory-bound ops slower by 2,039 / 1,555 GB/s.
+    eff40, eff80 = load_efficiency("a100-sxm-40gb"), load_efficiency("a100-sxm-80gb")
+    assert eff40.gemm_half_flops == eff80.gemm_half_flops
+    assert c40.device.memory_bandwidth_Bps == pytest.approx(1.555e12)
+    f40 = layer_compute(GPT3, 1, 8, False, "unfused", "fp16", _device(c40), eff40)
+    f80 = layer_compute(GPT3, 1, 8, False, "unfused", "fp16", _device(c80), eff80)
+    # Only the memory-bound share slows down: 1 < ratio < 2039 / 1555.
+    assert 1.0 < f40.fwd_s / f80.fwd_s < 2.039 / 1.555
