@@ -46,7 +46,11 @@ from simulator.hardware import DeviceProfile
 
 PRESET = Path(__file__).with_name("presets") / "efficiency.yaml"
 
-Attention = Literal["flash", "unfused"]
+Attention = Literal["flash", "flash-triton", "unfused"]
+#: FlashAttention in Triton (the FlashAttention-1 algorithm, e.g. llm-foundry's
+#: ``attn_impl: triton``) relative to FlashAttention-2: Dao 2023 ("FlashAttention-2", §4.1)
+#: measures FlashAttention-2 1.3-2.5x faster on A100; the geometric middle, 1.8x, is used.
+TRITON_FLASH_RATE = 1 / 1.8
 TILE = 128  # output tile edge of cuBLAS/CUTLASS tensor-core GEMMs on A100/H100
 
 
@@ -119,6 +123,7 @@ class Op(NamedTuple):
     count: int = 1
     flops: float = 0.0
     bytes: float = 0.0
+    rate: float = 1.0  # FLOP rate of a fused (flops) op relative to FlashAttention-2
 
 
 def wave_efficiency(m: int, n: int, num_sms: int) -> float:
@@ -160,9 +165,10 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
     heads = model.num_heads // tp
     ops = [Op("norm1", bytes=2 * rep * h * d),
            Op("qkv", m=t, n=(h + 2 * kv) // tp, k=h)]
-    if attention == "flash":
+    if attention in ("flash", "flash-triton"):
         # Causal FlashAttention skips the masked upper half of the score blocks.
-        ops.append(Op("attn-core", flops=2 * t * s * h / tp))
+        ops.append(Op("attn-core", flops=2 * t * s * h / tp,
+                      rate=TRITON_FLASH_RATE if attention == "flash-triton" else 1.0))
     else:
         scores = micro_batch * heads * s * s
         ops += [Op("attn-qk", m=s, n=s, k=model.head_dim, count=micro_batch * heads),
@@ -190,7 +196,8 @@ def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> flo
     if op.m:
         return gemm_time_s(op.m, op.n, op.k, peak, eff, op.count)
     if op.flops:
-        return op.flops / (peak * eff.gemm_max_fraction * eff.flash_fraction) + eff.kernel_s
+        return op.flops / (peak * eff.gemm_max_fraction * eff.flash_fraction * op.rate) \
+            + eff.kernel_s
     return op.bytes / (device.memory_bandwidth_Bps * eff.memory_fraction) + eff.kernel_s
 
 

@@ -63,7 +63,9 @@ class SimOptions:
     """Framework behaviour a plan does not name (defaults: Megatron-LM-like).
 
     Attributes:
-        attention: 'flash' (fused, causal) or 'unfused' (QKᵀ, softmax, dropout, AV kernels).
+        attention: 'flash' (fused, causal; FlashAttention-2), 'flash-triton' (the same
+            algorithm at `simulator.compute.TRITON_FLASH_RATE` of its rate) or 'unfused' (QKᵀ,
+            softmax, dropout, AV kernels).
         tp_comm_overlap: TP collectives run beside the GEMMs (Megatron-Core --tp-comm-overlap);
             only the part longer than the layer's compute is exposed.
         grad_reduce_bytes: bytes per gradient element in the DP reduction; None: 4 for bf16

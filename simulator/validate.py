@@ -31,11 +31,15 @@ Defaults (never tuned per row):
   distributed optimizer (ZeRO-1), micro-batch 1, no recomputation, no interleaving; cluster
   ``dgx-h100``.
 * BLOOM (Megatron-DeepSpeed with DeepSpeed's pipeline engine on Jean Zay): bf16, unfused
-  attention, blocking P2P of the whole activation from every TP rank (no scatter-gather),
+  attention, layers split by DeepSpeed's partitioner with the tied embedding counted as a
+  layer on the first and last stage (`deepspeed_split`; the BLOOM README's
+  ``--pp-partition-method 'type:transformer|embedding'``; by parameter count the same
+  bottlenecks result), blocking P2P of the whole activation from every TP rank (no scatter-gather),
   full recomputation, ZeRO-1 and vocab 250,680 when not given; cluster ``jean-zay-a100``
   (4 x 100 Gb/s per node).
-* llm-foundry MPT: bf16, flash attention, FSDP FULL_SHARD (ZeRO-3), overlapped; vocab as
-  given; cluster ``dgx-a100`` (1600 Gb/s RoCE per node = 8 x 200 Gb/s).
+* llm-foundry MPT: bf16, FSDP FULL_SHARD (ZeRO-3), overlapped; FlashAttention in Triton
+  (the MPT configs' ``attn_impl: triton``); vocab as given; cluster ``dgx-a100`` (1600 Gb/s
+  RoCE per node = 8 x 200 Gb/s).
 """
 
 from __future__ import annotations
@@ -93,6 +97,54 @@ def balanced_split(layers: int, stages: int) -> tuple[int, ...] | None:
         return None
     q, r = divmod(layers, stages)
     return (q + 1,) * r + (q,) * (stages - r)
+
+
+def deepspeed_split(layers: int, stages: int, embedding_units: float = 1.0) -> tuple[int, ...]:
+    """Transformer layers per stage as DeepSpeed's ``PipelineModule`` partitions a GPT with
+    its (tied) embedding on the first and last stage, each weighing ``embedding_units``
+    layers (``partition_method='type:transformer|embedding'``: 1; ``'parameters'``: the
+    embedding's parameter count over a layer's).
+
+    DeepSpeed (``runtime/utils.py``, ``partition_balanced``) binary-searches the smallest
+    bottleneck B, the heaviest stage's weight, for which contiguous stages fit, then fills
+    the stages greedily from the first, each up to B; stages left empty at the end get one
+    layer each from the stages before them. The middle stages can so carry more layers
+    than an even split: 72 layers on 12 stages give 7-layer stages, not 6.
+
+    >>> deepspeed_split(72, 12)
+    (6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 2, 1)
+    >>> deepspeed_split(70, 12)
+    (5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5)
+    """
+    weights = [embedding_units] + [1.0] * layers + [embedding_units]
+
+    def greedy(bottleneck: float) -> list[list[float]]:
+        parts: list[list[float]] = [[]]
+        for w in weights:
+            if parts[-1] and sum(parts[-1]) + w > bottleneck + 1e-9:
+                parts.append([])
+            parts[-1].append(w)
+        return parts
+
+    lo, hi = sum(weights) / stages, sum(weights)
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if len(greedy(mid)) <= stages else (mid, hi)
+    parts = greedy(hi)
+    counts = [len(p) for p in parts]
+    counts[0] -= 1                                           # the embedding
+    counts[-1] -= 1 if len(parts[-1]) and len(parts) > 1 else 0
+    if len(parts) == 1:
+        counts[0] -= 1
+    counts += [0] * (stages - len(counts))
+    for i in range(stages - 1, 0, -1):                       # no empty stage
+        j = i - 1
+        while counts[i] < 1:
+            while counts[j] <= 1:
+                j -= 1
+            counts[j] -= 1
+            counts[i] += 1
+    return tuple(counts)
 
 
 def _num(value: str) -> float | None:
@@ -177,9 +229,13 @@ def _published_case(row: dict) -> RunCase:
                       num_kv_heads=int(kv) if kv else a,
                       ffn_hidden=int(ffn) if ffn else 4 * h, vocab_size=int(vocab),
                       seq_len=int(row["seq_len"]), activation="gelu")
-    split = balanced_split(layers, pp * v)
-    if split:
-        flags.append(f"stage_layers={list(split)}")
+    if fam == "bloom" and pp > 1:
+        split = deepspeed_split(layers, pp)
+        flags.append(f"stage_layers={list(split)} (DeepSpeed partition, embedding = 1 layer)")
+    else:
+        split = balanced_split(layers, pp * v)
+        if split:
+            flags.append(f"stage_layers={list(split)}")
     old = fam == "megatron" or fam == "bloom"
     dtype = "fp16" if fam == "megatron" else "bf16"
     plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(mb), global_batch=gb,
@@ -189,7 +245,8 @@ def _published_case(row: dict) -> RunCase:
     framework = {"bloom": "megatron-deepspeed", "mpt": "llm-foundry",
                  "megatron-core": "megatron-core"}.get(fam, "megatron-lm")
     options = SimOptions(**load_framework(framework),
-                         attention="unfused" if old else "flash",
+                         attention="unfused" if old else
+                         "flash-triton" if fam == "mpt" else "flash",
                          tp_comm_overlap=fam == "megatron-core",
                          dp_bucket_bytes=None if old else 40e6, blocking_p2p=fam != "mpt",
                          zero3_unaggregated=fam == "megatron" and zero == 3,

@@ -89,3 +89,31 @@ def test_2020_dgx_a100_rows_run_on_the_40gb_part():
     f80 = layer_compute(GPT3, 1, 8, False, "unfused", "fp16", _device(c80), eff80)
     # Only the memory-bound share slows down: 1 < ratio < 2039 / 1555.
     assert 1.0 < f40.fwd_s / f80.fwd_s < 2.039 / 1.555
+
+
+def test_triton_flash_attention_runs_at_one_over_1_8_of_flashattention_2():
+    # Dao 2023 §4.1: FlashAttention-2 is 1.3-2.5x faster than FlashAttention in Triton; the
+    # model takes 1.8x. Only the attention core changes; GEMMs and memory ops do not.
+    from simulator.compute import layer_forward_ops, op_time_s
+    from simulator.hardware import load_device
+    a100, eff = load_device("a100-sxm-80gb"), load_efficiency("a100-sxm-80gb")
+    mpt = load_model("llama3-8b")
+    fa2 = {o.name: o for o in layer_forward_ops(mpt, 1, 1, False, "flash", "bf16")}
+    tri = {o.name: o for o in layer_forward_ops(mpt, 1, 1, False, "flash-triton", "bf16")}
+    assert fa2.keys() == tri.keys()
+    core = (op_time_s(tri["attn-core"], a100, eff, "bf16") - eff.kernel_s) / \
+        (op_time_s(fa2["attn-core"], a100, eff, "bf16") - eff.kernel_s)
+    assert core == pytest.approx(1.8)
+    assert op_time_s(tri["qkv"], a100, eff, "bf16") == op_time_s(fa2["qkv"], a100, eff, "bf16")
+
+
+def test_deepspeed_partition_counts_the_tied_embedding_as_a_layer_on_both_ends():
+    # 72 layers + 2 embedding units = 74 units on 12 stages: no split has every stage <= 6
+    # units (6 x 12 = 72 < 74), so the bottleneck is 7 units; filled greedily, the first
+    # stage holds the embedding + 6 layers and the middle ones 7 layers: 7/6 of an even split.
+    from simulator.validate import deepspeed_split
+    split = deepspeed_split(72, 12)
+    assert sum(split) == 72 and len(split) == 12 and min(split) >= 1
+    assert split[0] == 6 and max(split) == 7
+    # 70 layers + 2 = 72 units = 6 x 12: the BLOOM 176B split, first and last 5 layers.
+    assert deepspeed_split(70, 12) == (5,) + (6,) * 10 + (5,)
