@@ -79,6 +79,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console = _console(args)
     require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
                      "--mtbf-hours", "--node-mtbf-hours")
+    require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
     require_positive(args, "--top-k", allow_zero=True)
     model = load_model(args.model)
     if args.seq_len is not None:
@@ -95,12 +96,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from apps.cmd_faults import goodput_ranked
         result = goodput_ranked(console, result, model, cluster, args)
     ranked, rejected = result.ranked, result.rejected
+    from apps.cmd_faults import goodput_json, goodput_table_columns
+    from planner.objective import GOODPUT_COLUMNS
     if args.json:
-        print(json.dumps({"plans": ranked[PLAN_JSON_KEYS].to_dict("records"),
-                          "rejected": rejected.to_dict("records"), **json_extras(result)}))
+        keys = PLAN_JSON_KEYS + [k for k in GOODPUT_COLUMNS if k in ranked]
+        print(json.dumps({"plans": ranked[keys].to_dict("records"),
+                          "rejected": rejected.to_dict("records"), **json_extras(result),
+                          **goodput_json(args)}))
     else:
         if not ranked.empty:
             columns = dict(PLAN_TABLE)
+            columns.update({k: v for k, v in goodput_table_columns().items() if k in ranked})
             shown = ranked.head(args.top)
             if (shown["placement"] != "tp.dp.pp").any():
                 # Rows that differ only in rank placement would look identical without it.
@@ -136,16 +142,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     pf = read_plan_file(args.plan)
     cluster = _cluster(pf.cluster["name"], pf.cluster.get("nodes"), pf.cluster.get("ranks")
                        or (pf.plan.world_size if pf.cluster["name"] == "localhost-cpu" else None))
-    pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)))
+    from apps.cmd_faults import parse_stragglers
+    stragglers = parse_stragglers(getattr(args, "straggler", None))
+    pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
+                    stragglers=stragglers)
     if getattr(args, "trace", None):
         from simulator.trace import write_chrome_trace
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(pred.events, args.trace)
     out = {"id": pf.plan.id, **pred.to_dict()}
+    if stragglers:
+        out["stragglers"] = {str(rank): factor for rank, factor in stragglers.items()}
+        out["healthy_step_time_s"] = simulate(pf.model, pf.plan, cluster).step_time_s
     if args.json:
         print(json.dumps(out))
         return 0
     console.print(f"[bold]{pf.plan.id}[/] of {pf.model.name} on {cluster.name}")
+    if stragglers:
+        console.print("  stragglers         " + ", ".join(
+            f"rank {r} x{f:g}" for r, f in stragglers.items()) + f" (healthy step "
+            f"{fmt_time_s(out['healthy_step_time_s'])})", highlight=False)
     for key in ("step_time_s", "compute_s", "comm_s", "bubble_s"):
         console.print(f"  {key:<18} {fmt_time_s(out[key])}")
     console.print(f"  {'tokens_per_s':<18} {fmt_rate(out['tokens_per_s'])} (global)")
@@ -242,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="per-device MTBF in hours for --objective goodput (default 50000)")
     sp.add_argument("--node-mtbf-hours", type=float,
                     help="per-node MTBF in hours (node failures besides device failures)")
+    sp.add_argument("--restart-s", type=float, help="seconds from a failure to training "
+                    "again, lost work excluded (--objective goodput; default 300)")
+    sp.add_argument("--spare-delay-s", type=float, help="seconds to swap a spare node in "
+                    "after a node failure (--objective goodput, with --node-mtbf-hours; "
+                    "default 0)")
     add_plan_options(sp)
     sp.set_defaults(func=cmd_plan)
 
@@ -249,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("plan", help="plan file (YAML)")
     ss.add_argument("--json", action="store_true")
     ss.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
+    ss.add_argument("--straggler", action="append", default=[], metavar="rank=R,factor=F",
+                    help="rank R computes F times slower (repeatable); its TP, PP and DP "
+                    "groups wait for it")
     ss.set_defaults(func=cmd_simulate)
 
     sr = sub.add_parser("run", help="train a plan file with torchrun on this machine")

@@ -1,8 +1,12 @@
-"""`meshplan run`'s fault-tolerance flags and the restart line of its report."""
+"""Failure options of the CLI: `meshplan run`'s fault-tolerance flags and the restart line of
+its report, `meshplan plan --objective goodput`, and `meshplan simulate --straggler`."""
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from planner.spec import PlanError
 
 
 def add_run_fault_args(parser: argparse.ArgumentParser) -> None:
@@ -50,15 +54,108 @@ def goodput_ranked(console, result, model, cluster, args: argparse.Namespace):
     goodput figures."""
     from planner.objective import hours_to_s, rank_by_goodput
     node_mtbf = args.node_mtbf_hours
+    a = goodput_assumptions(args)
     result = rank_by_goodput(result, model, device_mtbf_s=hours_to_s(args.mtbf_hours),
                              devices_per_node=cluster.devices_per_node,
-                             node_mtbf_s=None if node_mtbf is None else hours_to_s(node_mtbf))
+                             node_mtbf_s=None if node_mtbf is None else hours_to_s(node_mtbf),
+                             restart_s=a["restart_s"], spare_delay_s=a["spare_delay_s"])
     if not result.ranked.empty and not args.json:
         best = result.ranked.iloc[0]
         console.print(
-            f"ranked by goodput (device MTBF {args.mtbf_hours:g} h): best {best['id']}: "
+            f"ranked by goodput (device MTBF {args.mtbf_hours:g} h, restart "
+            f"{a['restart_s']:g} s, spare swap {a['spare_delay_s']:g} s): best {best['id']}: "
             f"goodput {best['goodput']:.3f}, job MTBF {best['job_mtbf_s'] / 3600:.2f} h, "
             f"checkpoint {best['checkpoint_s']:.1f} s every "
             f"{best['checkpoint_interval_s'] / 60:.1f} min (Daly), "
             f"{best['effective_tokens_per_s']:.3g} effective tokens/s", highlight=False)
     return result
+
+
+def goodput_assumptions(args: argparse.Namespace) -> dict:
+    """The failure and checkpoint assumptions of `plan --objective goodput` (SI units).
+
+    Raises:
+        PlanError: ``--spare-delay-s`` without ``--node-mtbf-hours`` (only node failures wait
+            for a spare, so the delay would change nothing).
+    """
+    from planner.objective import RESTART_S, STORAGE_BANDWIDTH_BPS, WRITER_BANDWIDTH_BPS
+    spare = getattr(args, "spare_delay_s", None)
+    node = getattr(args, "node_mtbf_hours", None)
+    if spare and node is None:
+        raise PlanError(f"--spare-delay-s={spare:g} only delays node failures; give "
+                        "--node-mtbf-hours H too (e.g. --node-mtbf-hours 20000)")
+    restart = getattr(args, "restart_s", None)
+    return {"device_mtbf_s": args.mtbf_hours * 3600.0,
+            "node_mtbf_s": None if node is None else node * 3600.0,
+            "restart_s": RESTART_S if restart is None else restart,
+            "spare_delay_s": spare or 0.0,
+            "storage_bandwidth_Bps": STORAGE_BANDWIDTH_BPS,
+            "writer_bandwidth_Bps": WRITER_BANDWIDTH_BPS}
+
+
+def goodput_json(args: argparse.Namespace) -> dict:
+    """Extra top-level key of `plan --json` under ``--objective goodput``: ``goodput_assumptions``
+    (`goodput_assumptions`); {} otherwise."""
+    if getattr(args, "objective", "throughput") != "goodput":
+        return {}
+    return {"goodput_assumptions": goodput_assumptions(args)}
+
+
+def goodput_table_columns() -> dict:
+    """Columns the goodput objective adds to the `plan` table: key -> (header, formatter).
+    The ``--json`` rows and ``--csv`` carry every `planner.objective.GOODPUT_COLUMNS`."""
+    from apps.format import fmt_krate, fmt_pct
+    return {"goodput": ("goodput", fmt_pct),
+            "effective_tokens_per_s": ("eff ktok/s", fmt_krate)}
+
+
+STRAGGLER_USAGE = "write --straggler rank=R,factor=F (e.g. --straggler rank=1,factor=2)"
+
+
+def parse_stragglers(items: list[str] | None) -> dict[int, float]:
+    """``meshplan simulate --straggler rank=R,factor=F`` (repeatable) as ``{rank: factor}``.
+
+    >>> parse_stragglers(["rank=1,factor=2", "rank=3,factor=1.5"])
+    {1: 2.0, 3: 1.5}
+
+    Whether the rank exists in the plan is checked by the simulator
+    (`simulator.stragglers.rank_coordinates`).
+
+    Raises:
+        PlanError: a missing or unknown field, a rank that is not an integer >= 0, a factor
+            that is not a finite number >= 1, or a rank given twice.
+    """
+    out: dict[int, float] = {}
+    for item in items or []:
+        fields: dict[str, str] = {}
+        for part in filter(None, item.split(",")):
+            key, eq, value = part.partition("=")
+            key = key.strip()
+            if not eq or key not in ("rank", "factor"):
+                raise PlanError(f"--straggler {item!r}: field {key!r} is not rank or factor; "
+                                f"{STRAGGLER_USAGE}")
+            fields[key] = value.strip()
+        missing = [k for k in ("rank", "factor") if k not in fields]
+        if missing:
+            raise PlanError(f"--straggler {item!r}: missing {', '.join(missing)}; "
+                            f"{STRAGGLER_USAGE}")
+        try:
+            rank = int(fields["rank"])
+        except ValueError:
+            rank = -1
+        if rank < 0:
+            raise PlanError(f"--straggler {item!r}: rank={fields['rank']!r} must be an "
+                            f"integer >= 0 (a global rank of the plan); {STRAGGLER_USAGE}")
+        try:
+            factor = float(fields["factor"])
+        except ValueError:
+            factor = math.nan
+        if not (math.isfinite(factor) and factor >= 1.0):
+            raise PlanError(f"--straggler {item!r}: factor={fields['factor']!r} must be a "
+                            "number >= 1 (1 = full speed, 2 = compute twice as slow); "
+                            f"{STRAGGLER_USAGE}")
+        if rank in out:
+            raise PlanError(f"--straggler {item!r}: rank {rank} is given twice; give each "
+                            "slow rank once")
+        out[rank] = factor
+    return out

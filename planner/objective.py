@@ -7,6 +7,12 @@ writers' own bandwidth when that is smaller (DCP writes each unique shard once: 
 hold distinct shards, all ranks under ZeRO / FSDP); the checkpoint interval is Daly's optimum
 and the goodput the first-order model of `simulator.goodput.expected_goodput`.
 ``effective_tokens_per_s`` = tokens/s × goodput, and the table is sorted by it.
+
+A failure costs a restart (``restart_s``: detect, reschedule, reload the checkpoint) plus the
+lost work; a node failure (rate: nodes / node MTBF) first waits ``spare_delay_s`` for a spare
+node to be swapped in (spares assumed available; `simulator.failures.monte_carlo_goodput`
+models a finite pool and repairs), so the mean restart is
+``restart_s + (node failures / all failures) · spare_delay_s``.
 """
 
 from __future__ import annotations
@@ -14,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from planner.spec import ModelSpec, Plan
+from planner.spec import ModelSpec, Plan, PlanError
 from simulator.failures import job_goodput, training_state_bytes
 
 #: Defaults: a parallel file system share, one writer's storage path, a restart.
 STORAGE_BANDWIDTH_BPS = 50e9
 WRITER_BANDWIDTH_BPS = 2e9
 RESTART_S = 300.0
+#: Columns `rank_by_goodput` adds to the ranked table (SI units, fractions).
+GOODPUT_COLUMNS = ("goodput", "effective_tokens_per_s", "checkpoint_s", "checkpoint_interval_s",
+                   "restart_s", "job_mtbf_s")
 
 
 def checkpoint_writers(plan: Plan) -> int:
@@ -32,12 +41,27 @@ def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
                     devices_per_node: int = 8, node_mtbf_s: float | None = None,
                     storage_bandwidth_Bps: float = STORAGE_BANDWIDTH_BPS,
                     writer_bandwidth_Bps: float = WRITER_BANDWIDTH_BPS,
-                    restart_s: float = RESTART_S):
+                    restart_s: float = RESTART_S, spare_delay_s: float = 0.0):
     """``result`` (a `planner.search.SearchResult`) re-ranked by effective tokens/s.
 
-    Adds the columns ``goodput``, ``effective_tokens_per_s``, ``checkpoint_s``,
-    ``checkpoint_interval_s`` and ``job_mtbf_s`` to ``result.ranked``.
+    Args:
+        device_mtbf_s / node_mtbf_s: MTBF of one device and (None: no node failures) of
+            one node, seconds.
+        storage_bandwidth_Bps / writer_bandwidth_Bps: checkpoint bandwidth of the storage
+            and of one writing rank, bytes/s.
+        restart_s: seconds from a failure to training again, lost work excluded.
+        spare_delay_s: seconds to swap a spare node in after a node failure (module
+            docstring); needs ``node_mtbf_s`` to have an effect.
+
+    Adds `GOODPUT_COLUMNS` to ``result.ranked``: ``goodput`` (fraction),
+    ``effective_tokens_per_s``, ``checkpoint_s`` (write time), ``checkpoint_interval_s``
+    (Daly), ``restart_s`` (mean, spare swaps included) and ``job_mtbf_s``.
+
+    Raises:
+        PlanError: a non-positive MTBF or bandwidth, or a negative restart or spare delay.
     """
+    if restart_s < 0 or spare_delay_s < 0:
+        raise PlanError(f"restart_s={restart_s} and spare_delay_s={spare_delay_s} must be >= 0")
     ranked = result.ranked.copy()
     if ranked.empty:
         return result
@@ -50,11 +74,10 @@ def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
                         storage_bandwidth_Bps=storage_bandwidth_Bps, restart_s=restart_s,
                         devices_per_node=devices_per_node, node_mtbf_s=node_mtbf_s,
                         writers=checkpoint_writers(plan),
-                        writer_bandwidth_Bps=writer_bandwidth_Bps)
+                        writer_bandwidth_Bps=writer_bandwidth_Bps, spare_delay_s=spare_delay_s)
         rows.append((g.goodput, g.effective_tokens_per_s, g.checkpoint_s, g.interval_s,
-                     g.mtbf_s))
-    for i, name in enumerate(("goodput", "effective_tokens_per_s", "checkpoint_s",
-                              "checkpoint_interval_s", "job_mtbf_s")):
+                     g.restart_s, g.mtbf_s))
+    for i, name in enumerate(GOODPUT_COLUMNS):
         ranked[name] = [row[i] for row in rows]
     ranked = ranked.sort_values(["effective_tokens_per_s", "peak_memory_bytes"],
                                 ascending=[False, True], kind="stable").reset_index(drop=True)

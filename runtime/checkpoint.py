@@ -4,6 +4,7 @@ Layout of a checkpoint folder::
 
     DIR/step00000006/.metadata, __0_0.distcp, __1_0.distcp   DCP: model + optimizer, sharded
     DIR/step00000006/extra_rank{r}.pt                          rank r: RNG states, data position
+                                                               (and the job's world size, mesh)
     DIR/step00000006/manifest.json                             sha256 and size of every file
     DIR/latest                                                 name of the newest checkpoint
 
@@ -11,7 +12,9 @@ A save writes into ``DIR/tmp-step...`` and rank 0 renames it to ``DIR/step...`` 
 rank's shard and the manifest are on disk (``os.rename`` of a folder is atomic on POSIX), so a
 crash mid-write never leaves a folder that looks complete. The newest ``keep`` are kept.
 `CheckpointManager.load_latest` verifies the manifest's checksums and falls back to the previous
-checkpoint when the newest one is damaged.
+checkpoint when the newest one is damaged. DCP reshards model and optimizer state when the
+resuming job has another DP / TP / PP layout; the per-rank ``extra`` files are then replaced by
+job-wide fields (`load_extra`, `runtime.elastic.Resilience.resume`).
 
 ``dcp.async_save`` returns after planning the save; a background thread copies the state
 (staging, with reused buffers) and another writes the shards while training continues. The copy
@@ -236,8 +239,9 @@ class CheckpointManager:
         Args:
             folder: where to look (default: this manager's folder).
         Returns:
-            (its step, this rank's ``extra`` dict, one line per damaged checkpoint skipped);
-            (0, None, lines) when there is none.
+            (its step, this rank's ``extra`` dict (`load_extra`: another rank's, marked, when
+            the checkpoint was written by a different number of ranks), one line per damaged
+            checkpoint skipped); (0, None, lines) when there is none.
         """
         folder = Path(folder) if folder is not None else self.folder
         choice: list = [None, []]
@@ -263,8 +267,35 @@ class CheckpointManager:
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
-        extra = torch.load(Path(path) / f"extra_rank{self.rank}.pt", weights_only=False)
-        return int(json.loads((Path(path) / MANIFEST).read_text())["step"]), extra, skipped
+        return int(json.loads((Path(path) / MANIFEST).read_text())["step"]), \
+            load_extra(Path(path), self.rank, dist.get_world_size()), skipped
+
+
+def saved_world_size(folder: Path) -> int:
+    """Ranks that wrote checkpoint ``folder``: its ``extra_rank{r}.pt`` files."""
+    return sum(1 for p in folder.glob("extra_rank*.pt"))
+
+
+def load_extra(folder: Path, rank: int, world_size: int) -> dict:
+    """Rank ``rank``'s small state from checkpoint ``folder`` in a job of ``world_size`` ranks.
+
+    Written by as many ranks: the rank's own ``extra_rank{rank}.pt``. Written by a different
+    number (a resume on another layout): rank 0's file, for its job-wide fields (step, global
+    samples consumed, global batch), with ``"resharded_from": saved world size`` added; its
+    per-rank fields (RNG, DP rank) describe another process, and `runtime.elastic` re-derives
+    them.
+
+    Raises:
+        FileNotFoundError: the folder holds no ``extra_rank0.pt``.
+    """
+    saved = saved_world_size(folder)
+    if saved == world_size:
+        return torch.load(folder / f"extra_rank{rank}.pt", weights_only=False)
+    first = folder / "extra_rank0.pt"
+    if not first.is_file():
+        raise FileNotFoundError(f"checkpoint {folder.name} has no extra_rank0.pt (data "
+                                "position and RNG states); it cannot be resumed")
+    return torch.load(first, weights_only=False) | {"resharded_from": saved}
 
 
 def rng_state() -> dict:

@@ -16,14 +16,18 @@ attempt is restarted as a whole group; the new attempt finds the newest valid ch
   training again: the lost work plus detection, restart and load) and ``wall_time_s``.
 
 Exact resume: a checkpoint holds model and optimizer state (DCP), and per rank the RNG states
-and the data position (steps done, samples this DP rank consumed). The data loader is a pure
-function of (seed, step) (`runtime.data.ByteBatches`), so the resumed run trains on sample
-``k·B`` onwards, whatever the number of steps left.
+and the data position (steps done, samples this DP rank consumed, global samples consumed, the
+global batch and the mesh). The data loader is a pure function of (seed, step)
+(`runtime.data.ByteBatches`), so the resumed run trains on sample ``k·B`` onwards, whatever
+the number of steps left and whatever the new layout: a checkpoint written by 2 ranks resumes
+on 1 (or the other way round) with the same sample sequence, DCP resharding the state; the
+RNG states are then re-seeded from (seed, step, rank) (`Resilience._restore_position`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -118,6 +122,7 @@ class Resilience:
         self.out = Path(args.out)
         self.attempt = attempt_number()
         self.dp_rank = mesh["dp"].get_local_rank()
+        self.mesh_shape = {axis: mesh[axis].size() for axis in ("pp", "dp", "tp")}
         # one writer per DP rank: its first TP peer of the first pipeline stage
         self.writes_consumed = mesh["tp"].get_local_rank() == 0 and \
             mesh["pp"].get_local_rank() == 0
@@ -217,12 +222,7 @@ class Resilience:
             for line in self.fallbacks if self.rank == 0 else []:
                 print(f"meshplan checkpoint: {line}", flush=True)
         if extra is not None:
-            set_rng_state(extra["rng"])
-            want = step * (self.batches.global_batch // self.dp)
-            if extra["samples_consumed"] != want or extra["dp_rank"] != self.dp_rank:
-                raise RuntimeError(f"checkpoint of step {step}: DP rank {extra['dp_rank']} "
-                                   f"consumed {extra['samples_consumed']} samples, this run "
-                                   f"expects DP rank {self.dp_rank} at {want}")
+            self._restore_position(step, extra)
         self.done = step
         self._trim("metrics.jsonl", step, rank0=True)
         if self.writes_consumed:
@@ -233,6 +233,53 @@ class Resilience:
             self._event("resumed", from_step=step, skipped=self.fallbacks,
                         source=None if source is None else str(source))
         return step, self.records
+
+    def _restore_position(self, step: int, extra: dict) -> None:
+        """Check the data position of a checkpoint and restore (or re-derive) the RNG states.
+
+        The position is job-wide: after step k the job has consumed k·B global samples, and
+        the loader maps step k to samples [k·B, (k+1)·B) whatever the DP degree, so a resume
+        on another layout continues the same sample sequence as long as B is the same. The
+        RNG states are reused when the checkpoint was written by the same mesh (pp, dp, tp);
+        otherwise (another world size or layout) a saved state belongs to a process with
+        another role, so every rank is seeded from (seed, step, rank) (`resumed_rng_seed`).
+
+        Raises:
+            RuntimeError: a different global batch, or a position that does not match step k.
+        """
+        batch = self.batches.global_batch
+        saved_batch = extra.get("global_batch", batch)
+        if saved_batch != batch:
+            raise RuntimeError(
+                f"checkpoint of step {step} was trained with global_batch={saved_batch}; this "
+                f"plan has global_batch={batch}. Step k trains on samples [k*B, (k+1)*B), so "
+                f"another B would skip or repeat samples; resume with global_batch="
+                f"{saved_batch} (any tp, pp, dp and micro-batch that divide it)")
+        consumed = extra.get("global_samples_consumed")
+        if consumed is None:                       # written before the job-wide field existed
+            consumed = extra["samples_consumed"] * self.dp
+        if consumed != step * batch:
+            raise RuntimeError(f"checkpoint of step {step}: {consumed} global samples consumed, "
+                               f"expected step x global_batch = {step} x {batch} = "
+                               f"{step * batch}")
+        same_mesh = ("resharded_from" not in extra
+                     and extra.get("mesh_shape", self.mesh_shape) == self.mesh_shape)
+        if same_mesh:
+            if extra["dp_rank"] != self.dp_rank:
+                raise RuntimeError(f"checkpoint of step {step}: rank {self.rank} was DP rank "
+                                   f"{extra['dp_rank']}, this run makes it DP rank "
+                                   f"{self.dp_rank}")
+            set_rng_state(extra["rng"])
+            return
+        seed = resumed_rng_seed(getattr(self.args, "seed", 0), step, self.rank)
+        torch.manual_seed(seed)
+        if self.rank == 0:
+            saved = extra.get("mesh_shape") or {"ranks": extra.get("resharded_from")}
+            print(f"meshplan checkpoint: step {step} was written by mesh {saved}, this run has "
+                  f"{self.mesh_shape}: DCP reshards model and optimizer, the data continues at "
+                  f"global sample {consumed} (step {step} x global_batch {batch}), and each "
+                  "rank's RNG is seeded from (seed, step, rank) instead of a saved state",
+                  flush=True)
 
     def _trim(self, name: str, step: int, *, rank0: bool = False) -> None:
         """Keep the lines of ``OUT/name`` with "step" <= ``step`` (a fresh job: none)."""
@@ -270,8 +317,11 @@ class Resilience:
         every = self.args.checkpoint_every
         if self.checkpoints is not None and every and (step % every == 0
                                                        or step == self.args.steps):
+            batch = self.batches.global_batch
             extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
-                     "samples_consumed": step * (self.batches.global_batch // self.dp)}
+                     "samples_consumed": step * (batch // self.dp),
+                     "global_samples_consumed": step * batch, "global_batch": batch,
+                     "mesh_shape": self.mesh_shape}
             self._log_checkpoint()
             self.checkpoints.save(step, extra)
             if self.rank == 0:
@@ -299,12 +349,29 @@ class Resilience:
             "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.args))]}
 
 
-def checkpoint_blocking_times_s(events: list[dict]) -> list[float]:
+def resumed_rng_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of rank ``rank``'s RNG when a checkpoint of ``step`` is resumed on another mesh:
+    deterministic in (seed, step, rank), distinct per rank, in torch's 64-bit seed range.
+
+    >>> resumed_rng_seed(0, 8, 1) == resumed_rng_seed(0, 8, 1) != resumed_rng_seed(0, 8, 0)
+    True
+    """
+    digest = hashlib.sha256(f"meshplan-resume:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def checkpoint_blocking_times_s(events: list[dict], *, staging: bool = True) -> list[float]:
     """Per save (in order), the time it blocked the training loop, including its staging
-    wait when that was logged (``checkpoint_staged``)."""
+    wait when that was logged (``checkpoint_staged``).
+
+    With ``staging=False``: only the save call, the part between two steps. The staging wait
+    runs inside the next step (before its optimizer step), so that step's ``step_time_s``
+    already holds it; a goodput model fed with step times adds only this part.
+    """
+    kinds = ("checkpoint", "checkpoint_staged") if staging else ("checkpoint",)
     times: dict[tuple[int, int], float] = {}
     for e in events:
-        if e["event"] in ("checkpoint", "checkpoint_staged"):
+        if e["event"] in kinds:
             times[(e["attempt"], e["step"])] = e["blocking_s"]
     return list(times.values())
 

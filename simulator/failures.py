@@ -13,7 +13,8 @@ The closed forms live in `simulator.goodput` (Young 1974, Daly 2006). This modul
   a failure process interrupts it at exponential intervals; the work of an unfinished segment
   is lost and a restart follows; a node failure first waits for a spare node (a configurable
   swap delay) or, with none left, for the repair;
-- `straggler_step_time_s`: the step time when one device is slow.
+- `straggler_step_time_s` / `simulate_straggler`: the step time when one device is slow (the
+  step simulation itself takes any set of slow ranks: `simulator.stragglers`).
 
 Failures are independent and memoryless; a checkpoint is kept only once fully written.
 """
@@ -251,13 +252,21 @@ def predicted_run_goodput(*, step_time_s: float, steps: int, checkpoint_every: i
     (restart time + the steps done since the last checkpoint + ``interrupted_fraction`` of
     step S, the part of it done before the failure: 0 for a rank killed at the start of S).
 
+    Counted as `runtime.elastic.job_accounting` measures a run: the wall time runs from the
+    first step's start to the last step's end, so the checkpoints counted are those saved
+    after steps 1 .. steps − 1 (the save after the last step is outside it);
+    ``checkpoint_blocking_s`` is the time a save keeps the loop from the next step, outside
+    any step's time (an asynchronous save's staging wait inside the next step is part of
+    ``step_time_s``); ``restart_s`` runs from the failed attempt's last step end to training
+    again.
+
     >>> predicted_run_goodput(step_time_s=1.0, steps=10, checkpoint_every=3,
     ...                       checkpoint_blocking_s=0.0, restart_s=4.0, failure_steps=[7],
     ...                       interrupted_fraction=1.0)
     0.6666666666666666
     """
     useful = steps * step_time_s
-    checkpoints = steps // checkpoint_every if checkpoint_every else 0
+    checkpoints = (steps - 1) // checkpoint_every if checkpoint_every else 0
     lost = 0.0
     for step in failure_steps:
         done = step - 1
@@ -273,20 +282,17 @@ def simulate_straggler(model, plan, cluster, *, slow_factor: float, stage: int =
 
     Its TP peers wait for it at every collective, so the whole stage computes (forward,
     backward, optimizer) at its pace; the simulated pipeline then waits for that stage, and
-    the DP reduction for this replica, the slowest, so its step is the job's step.
+    the DP reduction for this replica, the slowest, so its step is the job's step. The same as
+    ``simulate(..., stragglers={rank: slow_factor})`` for the stage's first rank
+    (`simulator.stragglers.simulate_with_stragglers`), which takes any set of slow ranks.
     """
-    import dataclasses
-
+    from simulator.collectives import mesh_strides
     from simulator.costs import DEFAULT_OPTIONS, stage_costs
-    from simulator.simulate import simulate_pipeline
+    from simulator.stragglers import simulate_with_stragglers
     if not slow_factor >= 1.0:
         raise PlanError(f"slow_factor={slow_factor} must be >= 1")
     if not 0 <= stage < plan.pp:
         raise PlanError(f"stage={stage} must be in [0, pp={plan.pp})")
     costs = stage_costs(model, plan, cluster, options or DEFAULT_OPTIONS)
-    slow = [dataclasses.replace(c, fwd_compute_s=c.fwd_compute_s * slow_factor,
-                                bwd_compute_s=c.bwd_compute_s * slow_factor,
-                                optimizer_s=c.optimizer_s * slow_factor)
-            if g % plan.pp == stage else c for g, c in enumerate(costs)]
-    return simulate_pipeline(slow, plan.schedule, plan.num_microbatches,
-                             virtual_stages=plan.virtual_stages, overlap_dp=overlap_dp)
+    rank = stage * mesh_strides(plan)["pp"]        # (pp=stage, dp=0, tp=0) in build_mesh order
+    return simulate_with_stragglers(costs, plan, {rank: slow_factor}, overlap_dp=overlap_dp)

@@ -12,6 +12,7 @@ gradient buckets reduce while the last backward runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import simpy
@@ -224,22 +225,31 @@ def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, com
 
 
 def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = False,
-             overlap_dp: bool = False,
-             options: SimOptions = DEFAULT_OPTIONS) -> StepPrediction:
+             overlap_dp: bool = False, options: SimOptions = DEFAULT_OPTIONS,
+             stragglers: Mapping[int, float] | None = None) -> StepPrediction:
     """Simulate one training step of ``model`` under ``plan`` on ``cluster`` with SimPy.
 
     Cost grows with pp × micro-batches, not with the number of devices. ``overlap_dp``
     overlaps the bucketed gradient reduction with the last backward (`simulate_pipeline`);
     ``options`` names framework behaviour the plan does not (`simulator.costs.SimOptions`).
+    ``stragglers`` maps global ranks (numbered as `runtime.parallelize.build_mesh` numbers
+    them) to compute slowdown factors >= 1; their TP, PP and DP groups wait for them
+    (`simulator.stragglers.simulate_with_stragglers`).
 
     Raises:
         PlanError: the plan does not fit the model, needs more devices than the cluster has
-            (with the arithmetic), or the device has no peak FLOP/s for ``plan.dtype``.
+            (with the arithmetic), the device has no peak FLOP/s for ``plan.dtype``, or a
+            straggler names a rank the plan does not have or a factor below 1.
     """
     costs = stage_costs(model, plan, cluster, options)
-    result = simulate_pipeline(costs, plan.schedule, plan.num_microbatches,
-                               virtual_stages=plan.virtual_stages, trace=trace,
-                               overlap_dp=overlap_dp)
+    if stragglers:
+        from simulator.stragglers import simulate_with_stragglers
+        result = simulate_with_stragglers(costs, plan, stragglers, trace=trace,
+                                          overlap_dp=overlap_dp)
+    else:
+        result = simulate_pipeline(costs, plan.schedule, plan.num_microbatches,
+                                   virtual_stages=plan.virtual_stages, trace=trace,
+                                   overlap_dp=overlap_dp)
     return _prediction(model, plan, cluster, result.step_time_s, result.compute_s,
                        result.comm_s, result.events)
 
@@ -288,15 +298,21 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
 
 
 def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
-             overlap_dp: bool = False,
-             options: SimOptions = DEFAULT_OPTIONS) -> StepPrediction:
+             overlap_dp: bool = False, options: SimOptions = DEFAULT_OPTIONS,
+             stragglers: Mapping[int, float] | None = None) -> StepPrediction:
     """Analytical (no SimPy) version of `simulate`, for screening many plans quickly
-    (~0.1 ms a call).
+    (~0.1 ms a call); with ``stragglers``, the slowest replica's closed form
+    (`simulator.stragglers.estimate_with_stragglers`).
 
     Raises:
         PlanError: as `simulate`.
     """
     costs = stage_costs(model, plan, cluster, options)
-    step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
-                                            plan.virtual_stages)
+    if stragglers:
+        from simulator.stragglers import estimate_with_stragglers
+        step, compute, comm = estimate_with_stragglers(costs, plan, stragglers,
+                                                       overlap_dp=overlap_dp)
+    else:
+        step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
+                                                plan.virtual_stages)
     return _prediction(model, plan, cluster, step, compute, comm, [])

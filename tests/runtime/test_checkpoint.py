@@ -133,3 +133,44 @@ def test_fault_module_doctests_pass():
 
     import runtime.faults
     assert doctest.testmod(runtime.faults).failed == 0
+
+
+def test_a_checkpoint_of_another_world_size_gives_rank_0s_job_fields(tmp_path):
+    from runtime.checkpoint import load_extra
+    for rank in range(2):
+        torch.save({"step": 6, "dp_rank": rank, "rng": rng_state(),
+                    "global_samples_consumed": 48}, tmp_path / f"extra_rank{rank}.pt")
+    assert load_extra(tmp_path, 1, 2)["dp_rank"] == 1                 # same world: its own
+    bigger = load_extra(tmp_path, 3, 4)                              # 4 ranks now
+    assert bigger["resharded_from"] == 2 and bigger["dp_rank"] == 0
+    assert bigger["global_samples_consumed"] == 48
+
+
+def _resilience(dp: int, global_batch: int = 8):
+    from types import SimpleNamespace
+    return SimpleNamespace(batches=SimpleNamespace(global_batch=global_batch), dp=dp, rank=0,
+                           dp_rank=0, mesh_shape={"pp": 1, "dp": dp, "tp": 1},
+                           args=SimpleNamespace(seed=0))
+
+
+def test_resume_on_another_mesh_reseeds_and_keeps_the_global_position(capsys):
+    from runtime.elastic import Resilience, resumed_rng_seed
+    extra = {"step": 6, "dp_rank": 0, "rng": {"torch": torch.zeros(1, dtype=torch.uint8)},
+             "samples_consumed": 24, "global_samples_consumed": 48, "global_batch": 8,
+             "mesh_shape": {"pp": 1, "dp": 2, "tp": 1}, "resharded_from": 2}
+    Resilience._restore_position(_resilience(dp=1), 6, extra)
+    # the saved (bogus) RNG state is not used: the generator is seeded from (seed, step, rank)
+    got = torch.rand(3)
+    torch.manual_seed(resumed_rng_seed(0, 6, 0))
+    assert torch.equal(got, torch.rand(3))
+    assert "continues at global sample 48 (step 6 x global_batch 8)" in capsys.readouterr().out
+
+
+def test_resume_with_another_global_batch_says_what_to_use():
+    from runtime.elastic import Resilience
+    extra = {"step": 6, "dp_rank": 0, "rng": rng_state(), "samples_consumed": 24,
+             "global_samples_consumed": 48, "global_batch": 8,
+             "mesh_shape": {"pp": 1, "dp": 2, "tp": 1}}
+    with pytest.raises(RuntimeError, match="global_batch=8; this plan has global_batch=16.*"
+                                           "resume with global_batch=8"):
+        Resilience._restore_position(_resilience(dp=2, global_batch=16), 6, extra)

@@ -133,3 +133,28 @@ def test_plan_file_faults_are_read(tmp_path):
     assert plan_file_faults(path) == ["kill:rank=1,step=7", "nan:step=3"]
     path.write_text("model: {}\n")
     assert plan_file_faults(path) == []
+
+
+@pytest.mark.parametrize("first_dp, then_dp", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
+def test_resume_on_another_world_size_continues_the_sample_sequence(
+        first_dp, then_dp, write_plan, tiny_plan, tiny_model, tmp_path, uninterrupted):
+    # 6 steps on first_dp ranks, checkpoint at 3 and 6, then steps 7..10 on then_dp ranks from
+    # that checkpoint: DCP reshards model and optimizer, the data position is job-wide
+    # (6 x 8 samples), so the resumed run trains on samples 48..79 in order and its losses
+    # are the uninterrupted 2-rank run's (within float rounding: another reduction order)
+    model = tiny_model(num_layers=2)
+    first = launch(write_plan(f"reshard-dp{first_dp}", tiny_plan(dp=first_dp), model),
+                   tmp_path / "first", steps=6, max_restarts=0)
+    then = launch(write_plan(f"reshard-dp{then_dp}", tiny_plan(dp=then_dp), model),
+                  tmp_path / "then", resume=tmp_path / "first" / "checkpoints", max_restarts=0)
+    want, _ = uninterrupted
+    assert first["losses"] == pytest.approx(want["losses"][:6], rel=1e-6)
+    assert then["losses"] == pytest.approx(want["losses"][6:], rel=1e-6)
+    ids = consumed(tmp_path / "then")
+    per_rank = 8 // then_dp
+    for r in range(then_dp):
+        assert ids[r] == [i for s in range(6, STEPS)
+                          for i in range(8 * s + r * per_rank, 8 * s + (r + 1) * per_rank)]
+    joined = sorted(i for v in consumed(tmp_path / "first").values() for i in v) + \
+        sorted(i for v in ids.values() for i in v)
+    assert joined == list(range(8 * STEPS))         # nothing skipped, nothing repeated

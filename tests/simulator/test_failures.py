@@ -116,3 +116,22 @@ def test_simulated_straggler_slows_its_stage_pipeline_and_replica():
         assert base.step_time_s < one.step_time_s < 2.0 * base.step_time_s
     with pytest.raises(PlanError, match="stage=4 must be in"):
         simulate_straggler(model, piped, cluster, slow_factor=2.0, stage=4)
+
+
+def test_ample_spares_add_the_swap_delay_to_node_failure_restarts():
+    # half the failures take a node; a spare is always there and takes 1200 s to swap in, so
+    # the mean restart is 600 + 0.5 x 1200 = 1200 s; the exponential model at that restart is
+    # within 1% of the Monte Carlo (about 3000 failures)
+    from simulator.failures import exact_goodput
+    mtbf, checkpoint = 3 * 3600.0, 60.0
+    tau = daly_interval_s(checkpoint, mtbf)
+    mc = monte_carlo_goodput(interval_s=tau, checkpoint_s=checkpoint, restart_s=600.0,
+                             mtbf_s=mtbf, horizon_s=3000 * mtbf, node_failure_fraction=0.5,
+                             spares=10**6, spare_delay_s=1200.0, repair_s=1.0)
+    assert mc.spare_waits == 0
+    assert mc.goodput == pytest.approx(exact_goodput(tau, checkpoint, 1200.0, mtbf), rel=0.01)
+    # job_goodput's node share: 2 nodes at 1e5 s against 16 devices at 1e6 s -> 5/9
+    g = job_goodput(tokens_per_s=1.0, num_devices=16, device_mtbf_s=1e6, state_bytes=1e9,
+                    storage_bandwidth_Bps=1e9, restart_s=300.0, node_mtbf_s=1e5,
+                    spare_delay_s=900.0)
+    assert g.restart_s == pytest.approx(300.0 + 900.0 * 5 / 9)
