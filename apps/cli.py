@@ -203,8 +203,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from apps.compare import DEFAULT_PLANS as DEFAULT_COMPARE_PLANS
     from apps.compare import compare
     console = _console(args)
-    result = compare(steps=args.steps, out_dir=Path(args.out), console=console,
-                     plans=None if getattr(args, "sweep", False) else DEFAULT_COMPARE_PLANS)
+    from apps.compare import plan_indices
+    plans = None if getattr(args, "sweep", False) else DEFAULT_COMPARE_PLANS
+    if getattr(args, "plans", None):
+        plans = plan_indices(args.plans)
+    result = compare(steps=args.steps, out_dir=Path(args.out), console=console, plans=plans)
     if getattr(args, "csv", None):
         from apps.format import write_csv
         write_csv(result["rows"], args.csv)
@@ -287,8 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("compare", help="predict, run and compare local DP/TP/PP plans")
     sc.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
-    sc.add_argument("--sweep", action="store_true", help="the full sweep (16 plans, ~2-5 min) "
+    sc.add_argument("--sweep", action="store_true", help="the full sweep (17 plans, ~2-5 min) "
                     "instead of the 4 default plans")
+    sc.add_argument("--plans", nargs="+", metavar="ID", help="only these sweep plans "
+                    "(ids as in the table, e.g. tp1-pp1-dp4-mb2-gb8)")
     sc.add_argument("--out", default="runs/compare")
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")

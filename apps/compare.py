@@ -21,7 +21,7 @@ from rich.console import Console  # noqa: E402
 from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table  # noqa: E402
 from planner.planfile import PlanFile, write_plan_file  # noqa: E402
 from planner.presets import load_model  # noqa: E402
-from planner.spec import ModelSpec, Plan  # noqa: E402
+from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
 
 COMPARE_GLOBAL_BATCH = 8
 #: The second model shape of the sweep: wider and shallower than tiny-gpt, shorter sequences.
@@ -42,6 +42,7 @@ SWEEP: list[tuple[str, dict]] = [
     ("tiny-gpt", {"tp": 2, "pp": 1, "dp": 2, "micro_batch": 4}),
     ("tiny-gpt", {"tp": 1, "pp": 4, "dp": 1, "micro_batch": 1}),
     ("tiny-gpt", {"tp": 2, "pp": 2, "dp": 1, "micro_batch": 2}),
+    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 2, "micro_batch": 2}),
     ("tiny-gpt", {"tp": 4, "pp": 1, "dp": 1, "micro_batch": 8}),
     ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 4}),
     ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 2}),
@@ -77,6 +78,23 @@ def sweep_plans(which: tuple[int, ...] | None = None) -> list[tuple[ModelSpec, P
     picked = range(len(SWEEP)) if which is None else which
     return [(models[SWEEP[i][0]], Plan(global_batch=COMPARE_GLOBAL_BATCH, dtype="fp32",
                                        **SWEEP[i][1])) for i in picked]
+
+
+def plan_indices(ids: list[str]) -> tuple[int, ...]:
+    """`SWEEP` indices of the plans named by ``ids`` (`row_id` strings), in sweep order.
+
+    >>> plan_indices(["tp1-pp1-dp4-mb2-gb8", "tp1-pp1-dp1-mb8-gb8"])
+    (0, 8)
+
+    Raises:
+        PlanError: an id is not in the sweep (the message lists the ids that are).
+    """
+    known = [row_id(m, p) for m, p in sweep_plans()]
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise PlanError(f"not in the compare sweep: {', '.join(unknown)}; choose from "
+                         f"{', '.join(known)}")
+    return tuple(n for n, rid in enumerate(known) if rid in ids)
 
 
 def row_id(model: ModelSpec, plan: Plan) -> str:

@@ -11,6 +11,8 @@ module goes through `apply_tp`, `apply_recompute` and `apply_dp` before it is wr
 - PP: ``torch.distributed.pipelining`` ``PipelineStage`` over stage modules made by deleting the
   layers a stage does not own (even or ``plan.stage_layers`` splits); GPipe, 1F1B or
   interleaved 1F1B schedules. Tied embeddings: `sum_tied_embedding_grads` (hand-written).
+  DDP stage modules: `DataParallelAwareStage` keeps the stage's shape inference from arming
+  DDP's reducer (PP x DDP with as many micro-batches as stages fails without it).
 - DP: DDP for models without DTensor parameters; FSDP2 ``fully_shard`` on the dp sub-mesh when
   the model is tensor parallel (DDP on a TP model fails in torch 2.13: "c10d.broadcast_.default
   does not have a sharding strategy") or when the plan asks for ZeRO (zero_stage > 0).
@@ -186,6 +188,31 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int = 0) -> n
     return model
 
 
+class DataParallelAwareStage(PipelineStage):
+    """A ``PipelineStage`` whose shape-inference forward leaves a DDP stage module's reducer
+    alone (the rest is ``PipelineStage`` unchanged).
+
+    Without input/output shapes a stage infers them on the first ``step``: it runs the stage
+    module once with gradients enabled (``_forward_metadata_inference`` calls the module
+    directly, not through ``forward_maybe_with_nosync``). On a DDP module that forward arms the
+    reducer (``prepare_for_backward``) for a backward that never comes, so the first
+    micro-batch's backward, meant to run under ``no_sync``, fires DDP's gradient hooks: an
+    extra all-reduce, and DDP records every parameter's ready order a second time when the
+    last micro-batch's backward (which ``PipelineStage`` arms itself) follows without a
+    forward in between, as on pipeline stage 0 with as many micro-batches as stages. The next
+    step's bucket rebuild then fails (torch 2.13): ``params_.size() ==
+    rebuilt_param_indices_.size() INTERNAL ASSERT FAILED ... Original model param size is: 22
+    versus rebuilt params size of: 44``. Running the inference forward under ``no_sync``, as
+    ``forward_maybe_with_nosync`` runs every real forward, keeps the reducer unarmed.
+    """
+
+    def _compute_outputs(self, *args, module: nn.Module, **kwargs):
+        if isinstance(module, DDP):
+            with module.no_sync():
+                return module(*args, **kwargs)
+        return module(*args, **kwargs)
+
+
 def split_for_stage(model: Transformer, plan: Plan, stage_index: int, *,
                     allow_tied: bool = False) -> Transformer:
     """Keep only pipeline chunk ``stage_index``'s layers of ``model`` (in place), torchtitan-style.
@@ -240,7 +267,8 @@ def apply_pp(model: Transformer, plan: Plan, pp_mesh: DeviceMesh,
         module = split_for_stage(copy.deepcopy(model), plan, index, allow_tied=True)
         module = parallelize_fn(module) if parallelize_fn is not None else module
         modules.append(module)
-        stages.append(PipelineStage(module, index, num_chunks, device, group=pp_mesh.get_group()))
+        stages.append(DataParallelAwareStage(module, index, num_chunks, device,
+                                             group=pp_mesh.get_group()))
     schedule_cls = _SCHEDULES[plan.schedule]
     if plan.schedule == "interleaved-1f1b":
         schedule = schedule_cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn)

@@ -8,12 +8,14 @@ microbenchmarks of `simulator.calibrate_bench`:
   runtime's own `Transformer` with 1 and 3 layers at several micro-batch sizes (forward,
   backward, backward under full recomputation, AdamW step timed apart; the embedding alone);
 - gloo, a process group of ``ranks`` processes: all-reduce, reduce-scatter and all-gather at
-  4 KiB - 4 MiB on groups of 2 and of all ranks, send/recv ping-pong, the cost of one 1F1B
+  4 KiB - 16 MiB on groups of 2 and of all ranks, send/recv ping-pong, the cost of one 1F1B
   action of ``torch.distributed.pipelining`` on trivial stages, and the same 1- and
   3-layer models under DTensor tensor parallelism (`runtime.parallelize.apply_tp`).
 
 Layer time = (3-layer − 1-layer time) / 2; edges (embedding + head + loss) = the rest; each as
-``{tokens: seconds}``. Collectives are fitted to alpha-beta (least squares on relative error).
+``{tokens: seconds}``; the k processes start each timed step together and the slowest one's
+step is kept (a synchronous step waits for its last rank). Collectives keep their measured
+points (non-decreasing in size) and an alpha-beta fit (least squares on relative error).
 The result is one YAML file (`write_profile`): a ``device`` section in the format of
 ``presets/devices.yaml``, ``collective`` / ``p2p`` in the format of ``presets/clusters.yaml``
 (the largest world size's fit), and ``cpu_costs`` for `simulator.cpu_model`.
@@ -47,7 +49,9 @@ PROFILE_DIR_ENV = "MESHPLAN_PROFILE_DIR"
 DEFAULT_PROFILE_DIR = Path("runs") / "profiles"
 PROFILE_PREFIX = "localhost-cpu-"
 SCHEMA = "meshplan-cpu-profile/1"
-COLLECTIVE_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20)
+#: Bytes per rank buffer of the timed collectives: up to 16 MiB, beyond the gradient buckets
+#: DDP reduces for the calibrated models (a 13 MB one for tiny-gpt), so none is extrapolated.
+COLLECTIVE_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 #: Layer counts of the timed models: layer time = (t(3) − t(1)) / 2, edges = t(1) − layer.
 CALIBRATION_LAYERS = (1, 3)
@@ -103,8 +107,9 @@ def _compute_worker(rank, k, specs, micro_batches, iters, recompute_first, barri
     out["ops"] = bench.op_rates(specs[0], max(3, iters))
     for i, layers, mb, recompute in _compute_items(specs, micro_batches, recompute_first):
         barrier.wait()
-        times = bench.model_step_times(specs[i], layers, mb, iters, recompute=recompute)
-        out["models"][(i, layers, mb, recompute)] = times
+        rows = bench.model_step_rows(specs[i], layers, mb, iters, recompute=recompute,
+                                     barrier=barrier.wait)
+        out["models"][(i, layers, mb, recompute)] = rows
         if rank == 0:
             queue.put(("tick", f"k={k} {specs[i].name} L{layers} mb{mb} {recompute}"))
     for i, spec in enumerate(specs):
@@ -137,6 +142,29 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> dict[str, float]:
         c = max((t1 - t0) / (s1 - s0), 1e-12)
         alpha = max(0.0, t0 - c * s0)
     return {"latency_s": float(alpha), "bandwidth_Bps": float(1 / c)}
+
+
+def _collective_fit(points: list[tuple[float, float]]) -> dict:
+    """The alpha-beta fit of ``(size, seconds)`` plus the measured ``points`` themselves
+    (``{bytes: seconds}``, made non-decreasing by `_points`), which `simulator.cpu_model`
+    interpolates (`simulator.cpu_model.at_size`).
+
+    >>> _collective_fit([(4096, 0.007), (2**20, 0.003), (16 * 2**20, 0.029)])["points"]
+    {4096: 0.005, 1048576: 0.005, 16777216: 0.029}
+    """
+    return _fit_alpha_beta(points) | {"points": _points({int(s): t for s, t in points})}
+
+
+def _slowest_rank(per_rank: list[list[tuple[float, ...]]]) -> dict[str, float]:
+    """Median ``fwd`` / ``bwd`` / ``opt`` seconds of the slowest process of each step:
+    per step the process with the largest total, then the median over steps of its phases.
+
+    >>> _slowest_rank([[(1, 2, 1), (1, 1, 1)], [(2, 2, 1), (1, 1, 0)]])
+    {'fwd': 1.5, 'bwd': 1.5, 'opt': 1.0}
+    """
+    steps = [max(rows, key=sum) for rows in zip(*per_rank, strict=True)]
+    return {k: float(statistics.median(s[j] for s in steps))
+            for j, k in enumerate(("fwd", "bwd", "opt"))}
 
 
 def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
@@ -299,9 +327,12 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
         barrier = mp.get_context("spawn").Barrier(k)
         res = _run_group(_compute_worker, k, lambda r, k=k, barrier=barrier: (
             k, specs, micro_batches, iters, True, barrier), ticks, progress)
-        # the slowest rank sets the pace of a synchronous step: average the ranks' medians
-        merged = {key: {ph: statistics.mean(r["models"][key][ph] for r in res)
-                        for ph in res[0]["models"][key]} for key in res[0]["models"]}
+        # the slowest rank sets the pace of a synchronous step (the embedding alone: the
+        # mean of the ranks' medians)
+        merged = {key: (_slowest_rank([r["models"][key] for r in res]) if key[1] != "emb"
+                        else {ph: statistics.mean(r["models"][key][ph] for r in res)
+                              for ph in res[0]["models"][key]})
+                  for key in res[0]["models"]}
         ops_by_k[k] = {name: statistics.mean(r["ops"][name] for r in res)
                        for name in res[0]["ops"]}
         for i, spec in enumerate(specs):
@@ -317,8 +348,8 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
             world, port, specs, tp_micro_batches, iters), ticks, progress)[0]
         fits: dict = {op: {} for op in COLLECTIVES}
         for (op, n), pts in res["collectives"].items():
-            fits[op][f"n{n}"] = _fit_alpha_beta(pts)
-        fits["p2p"] = _fit_alpha_beta(res["p2p"])
+            fits[op][f"n{n}"] = _collective_fit(pts)
+        fits["p2p"] = _collective_fit(res["p2p"])
         fits["pipeline_action_s"] = float(res["pipeline_action_s"])
         collectives[world] = fits
         spec = specs[0]
@@ -365,7 +396,7 @@ def _profile_mapping(specs, compute, collectives, ops_by_k, ranks, iters, second
         **({"collective": {"latency_s": top["all_reduce"][f"n{max(collectives)}"]["latency_s"],
                            "bandwidth_Bps": top["all_reduce"][f"n{max(collectives)}"][
                                "bandwidth_Bps"]},
-            "p2p": dict(top["p2p"])} if top else {}),
+            "p2p": {k: top["p2p"][k] for k in ("latency_s", "bandwidth_Bps")}} if top else {}),
         "ops": {int(k): {n: float(v) for n, v in ops.items()} for k, ops in ops_by_k.items()},
         "cpu_costs": {"compute": compute,
                       "collectives": {int(w): c for w, c in collectives.items()}},

@@ -28,7 +28,22 @@ def model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int,
                      zero_stage: int = 3, barrier=None) -> dict[str, float]:
     """Median forward, backward and AdamW seconds of the runtime's model with ``layers``
     layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given, under
-    FSDP2 (`runtime.parallelize.apply_dp` at ``zero_stage``) when ``dp_mesh`` is."""
+    FSDP2 (`runtime.parallelize.apply_dp` at ``zero_stage``) when ``dp_mesh`` is.
+    Arguments as `model_step_rows`."""
+    rows = model_step_rows(spec, layers, micro_batch, iters, recompute=recompute,
+                           tp_mesh=tp_mesh, dp_mesh=dp_mesh, zero_stage=zero_stage,
+                           barrier=barrier)
+    return {k: statistics.median(r[j] for r in rows)
+            for j, k in enumerate(("fwd", "bwd", "opt"))}
+
+
+def model_step_rows(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
+                    recompute: str = "none", tp_mesh=None, dp_mesh=None,
+                    zero_stage: int = 3, barrier=None) -> list[tuple[float, float, float]]:
+    """``(forward, backward, AdamW)`` seconds of each of ``iters`` timed steps (after two
+    warm-up steps) of the runtime's model with ``layers`` layers on one (micro_batch,
+    seq_len) batch. ``barrier`` (a callable) runs before every step, so that processes timed
+    together start each step together; TP / FSDP2 as in `model_step_times`."""
     import torch
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -62,8 +77,7 @@ def model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int,
         t3 = time.perf_counter()
         if i >= 2:
             rows.append((t1 - t0, t2 - t1, t3 - t2))
-    return {k: statistics.median(r[j] for r in rows)
-            for j, k in enumerate(("fwd", "bwd", "opt"))}
+    return rows
 
 
 class _nullcontext:

@@ -17,8 +17,9 @@ edges (embedding, head)     1-layer model minus one layer; embedding timed alone
 optimizer                   AdamW step on the 1- and 3-layer models' parameters
 TP layer / edges            the same two models under DTensor TP (``runtime.parallelize``) in a
                             gloo group of tp ranks, all world ranks busy: comm + dispatch
-collectives, send/recv      gloo all-reduce, reduce-scatter, all-gather at 4 KiB - 4 MiB per
-                            (world size, group size), fitted to alpha-beta
+collectives, send/recv      gloo all-reduce, reduce-scatter, all-gather at 4 KiB - 16 MiB per
+                            (world size, group size): the measured points (`at_size`), and
+                            an alpha-beta fit for the preset-format ``collective`` section
 pipeline action             one 1F1B forward or backward of torch.distributed.pipelining on
                             trivial stages (schedule bookkeeping + send/recv latency)
 ZeRO-3 layer / edges        the 1- and 3-layer models under FSDP2 over all ranks
@@ -28,6 +29,9 @@ TP x DP layer / edges       the same under TP groups of 2 and FSDP2 across them
 Ranks that share cores run at the speed measured with as many processes computing at once as
 the plan keeps busy on average: R ranks, or R·m/(m + pp − 1) in a pipeline whose ranks idle in
 the bubble (processor sharing; the per-rank time is interpolated between measured counts).
+The k processes start every timed iteration together (a barrier) and the slowest one's time
+is kept: a synchronous step waits for its last rank, and with more processes than cores the
+last one finishes measurably later than the average (4 on 2 cores: about 5%).
 """
 
 from __future__ import annotations
@@ -98,6 +102,34 @@ def alpha_beta_s(fit: dict, size_bytes: float) -> float:
     return fit["latency_s"] + size_bytes / fit["bandwidth_Bps"]
 
 
+def at_size(points: dict, size_bytes: float) -> float:
+    """Seconds of one collective call of ``size_bytes`` from measured ``{bytes: seconds}``
+    (non-decreasing in size, as `simulator.calibrate` stores them): piecewise linear between
+    the points, the smallest point's time below it (latency-bound), linear beyond the largest
+    (through the two largest points).
+
+    Measured points, not an alpha-beta fit, because with more ranks than cores a gloo
+    collective is not ``alpha + s / B``: a 4 KiB all-reduce over 4 ranks on 2 cores takes about
+    7 ms (every ring hop waits for a core), 1 MiB about the same, 16 MiB about 29 ms; a least
+    squares alpha-beta line through 4 KiB - 4 MiB predicted 9 ms for a 13 MB gradient
+    all-reduce measured at 25 ms.
+
+    >>> at_size({4096: 0.007, 2**20: 0.007, 16 * 2**20: 0.029}, 64)
+    0.007
+    >>> round(at_size({4096: 0.007, 2**20: 0.007, 16 * 2**20: 0.029}, 8.5 * 2**20), 6)
+    0.018
+    """
+    pts = sorted((float(s), float(v)) for s, v in points.items())
+    if size_bytes <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] if size_bytes <= pts[0][0] else pts[0][1] * size_bytes / pts[0][0]
+    if size_bytes >= pts[-1][0]:
+        (s0, v0), (s1, v1) = pts[-2], pts[-1]
+    else:
+        (s0, v0), (s1, v1) = next((a, b) for a, b in itertools.pairwise(pts)
+                                  if size_bytes <= b[0])
+    return max(0.0, v0 + (v1 - v0) * (size_bytes - s0) / (s1 - s0))
+
+
 @dataclass(frozen=True, kw_only=True)
 class CpuProfile:
     """A calibrated localhost-cpu profile (one YAML file written by `simulator.calibrate`).
@@ -112,8 +144,9 @@ class CpuProfile:
             {world: terms}}}``; terms hold ``layer_fwd``, ``layer_bwd``, ``layer_bwd_full``,
             ``edge_fwd``, ``edge_bwd``, ``emb_fwd``, ``emb_bwd`` as ``{tokens: seconds}`` per
             micro-batch, and ``opt_layer_s``, ``opt_edge_s`` (seconds per step).
-        collectives: per world size ``{op: {"n{group}": {latency_s, bandwidth_Bps}}}`` for
-            all_reduce / reduce_scatter / all_gather, and ``p2p`` (one-way send/recv).
+        collectives: per world size ``{op: {"n{group}": {latency_s, bandwidth_Bps,
+            points}}}`` for all_reduce / reduce_scatter / all_gather (``points``: measured
+            ``{bytes: seconds}``, non-decreasing), and ``p2p`` (one-way send/recv).
     """
 
     name: str
@@ -148,10 +181,15 @@ class CpuProfile:
         return float(self.collectives[w].get("pipeline_action_s", 0.0))
 
     def collective_s(self, op: str, size_bytes: float, world: int, group: int) -> float:
-        """Seconds of one ``op`` call of ``size_bytes`` (per rank buffer); 0 for one rank."""
+        """Seconds of one ``op`` call of ``size_bytes`` (per rank buffer); 0 for one rank.
+
+        From the measured points (`at_size`) when the profile has them, else from the
+        alpha-beta fit (profiles written before the points were kept)."""
         if group <= 1 or size_bytes <= 0:
             return 0.0
-        return alpha_beta_s(self.collective(op, world, group), size_bytes)
+        fit = self.collective(op, world, group)
+        return at_size(fit["points"], size_bytes) if fit.get("points") else alpha_beta_s(
+            fit, size_bytes)
 
 
 def active_ranks(plan: Plan) -> float:
@@ -219,9 +257,24 @@ def ddp_buckets(grad_bytes: float) -> int:
     >>> ddp_buckets(13e6)
     2
     """
+    return len(ddp_bucket_bytes(grad_bytes))
+
+
+def ddp_bucket_bytes(grad_bytes: float) -> list[float]:
+    """Bytes of each gradient bucket DDP all-reduces, in order: the first 1 MiB
+    (``first_bucket_bytes``), then 25 MiB buckets (``bucket_cap_mb``), then the rest
+    (PyTorch's ``torch.nn.parallel.DistributedDataParallel`` defaults; whole parameters make
+    real buckets slightly larger).
+
+    >>> [round(b / 2**20, 2) for b in ddp_bucket_bytes(13e6)]
+    [1.0, 11.4]
+    """
     if grad_bytes <= DDP_FIRST_BUCKET_BYTES:
-        return 1
-    return 1 + math.ceil((grad_bytes - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
+        return [float(grad_bytes)]
+    rest = grad_bytes - DDP_FIRST_BUCKET_BYTES
+    full = math.ceil(rest / DDP_BUCKET_BYTES) - 1
+    return [float(DDP_FIRST_BUCKET_BYTES)] + [float(DDP_BUCKET_BYTES)] * full + [
+        float(rest - full * DDP_BUCKET_BYTES)]
 
 
 def uses_fsdp(plan: Plan) -> bool:
@@ -244,7 +297,10 @@ def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
 
     Layer and edge times come measured with their framework overhead (and, under TP, the TP
     collectives and DTensor dispatch). DP and ZeRO-3 traffic is exposed, not overlapped: the
-    gloo reduction runs on the same cores as the backward.
+    gloo reduction runs on the same cores as the backward. Measured on 4 ranks / 2 cores
+    (tiny-gpt, 2 sequences per rank): a DDP step's backward, 106-109 ms, equals a ``no_sync``
+    backward (60-67 ms) plus one all-reduce of the flattened 13 MB gradient run after it
+    (41-43 ms); DDP's bucketed overlap hides nothing when every core is busy computing.
     """
     from simulator.costs import StageCosts
     from simulator.memory import stage_params
@@ -289,8 +345,10 @@ def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
             bwd_comm = units * ((gather if plan.zero_stage == 3 else 0.0)
                                 + scatter / m)
         elif plan.dp > 1:
-            n = ddp_buckets(grad_bytes)
-            dp_comm = n * profile.collective_s("all_reduce", grad_bytes / n, world, plan.dp)
+            # each bucket at its own size: with more ranks than cores the measured time is
+            # far from linear in bytes (`at_size`)
+            dp_comm = sum(profile.collective_s("all_reduce", size, world, plan.dp)
+                          for size in ddp_bucket_bytes(grad_bytes))
         optimizer = (layers * terms["opt_layer_s"]
                      + terms["opt_edge_s"] * (first * emb_share + last * (1 - emb_share)))
         if uses_fsdp(plan) and not terms["zero3_measured"]:

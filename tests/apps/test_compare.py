@@ -8,7 +8,15 @@ import json
 
 import pytest
 
-from apps.compare import REDUCED_PLANS, SWEEP, compare, summarize_rows, sweep_plans
+from apps.compare import (
+    REDUCED_PLANS,
+    SWEEP,
+    compare,
+    plan_indices,
+    summarize_rows,
+    sweep_plans,
+)
+from planner.spec import PlanError
 
 
 def test_sweep_covers_every_parallelism_and_feature():
@@ -17,13 +25,21 @@ def test_sweep_covers_every_parallelism_and_feature():
     assert {p.world_size for _, p in plans} == {1, 2, 4}
     assert {m.name for m, _ in plans} == {"tiny-gpt", "tiny-gpt-wide"}
     kinds = {(p.tp > 1, p.pp > 1, p.dp > 1) for _, p in plans}
-    # DP, TP, PP alone, and the pairs TP x DP and TP x PP
+    # DP, TP, PP alone, and the pairs TP x DP, TP x PP and PP x DP
     assert {(False, False, True), (True, False, False), (False, True, False),
-            (True, False, True), (True, True, False)} <= kinds
+            (True, False, True), (True, True, False), (False, True, True)} <= kinds
+    # PP x DDP with as many micro-batches as stages (it used to crash DDP's bucket rebuild)
+    assert any(p.pp == 2 and p.dp == 2 and p.num_microbatches == 2 for _, p in plans)
     assert {p.recompute for _, p in plans} == {"none", "full"}
     assert any(p.zero_stage == 3 for _, p in plans)
     assert len({p.num_microbatches for _, p in plans}) >= 3
     assert len(SWEEP) == len(plans)
+
+
+def test_plans_are_picked_by_id_in_sweep_order():
+    assert plan_indices(["tp1-pp1-dp2-mb4-gb8", "tp1-pp1-dp1-mb8-gb8"]) == (0, 3)
+    with pytest.raises(PlanError, match="not in the compare sweep: tp9.*choose from"):
+        plan_indices(["tp9"])
 
 
 def test_summary_reports_mape_worst_spearman_and_best_plan():

@@ -124,6 +124,10 @@ def test_more_two_rank_plans_match_single_process(write_plan, tiny_plan, tmp_pat
 @pytest.mark.parametrize("name, changes", [
     pytest.param("pp2-dp2", {"pp": 2, "dp": 2, "micro_batch": 1, "schedule": "1f1b"},
                  id="pp2-dp2"),
+    # as many micro-batches (2) as stages: stage 0 runs both backwards back to back, the case
+    # in which DDP's bucket rebuild failed before `DataParallelAwareStage`
+    pytest.param("pp2-dp2-2mb", {"pp": 2, "dp": 2, "micro_batch": 2, "schedule": "1f1b"},
+                 id="pp2-dp2-two-micro-batches"),
     pytest.param("tp2-pp2", {"tp": 2, "pp": 2, "schedule": "gpipe", "sequence_parallel": True},
                  id="tp2-pp2-sp"),
 ])

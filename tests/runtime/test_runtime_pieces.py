@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -12,7 +13,7 @@ from runtime.data import ByteBatches, default_corpus_bytes, read_corpus
 from runtime.launch import torchrun_command
 from runtime.model import Transformer
 from runtime.parallelize import split_for_stage
-from runtime.train import format_step, step_record
+from runtime.train import _write_summary, format_step, step_record
 
 
 def small_batches(global_batch: int = 8) -> ByteBatches:
@@ -139,3 +140,16 @@ def test_tied_split_is_allowed_when_the_caller_sums_the_grads(tiny_model, tiny_p
     last = split_for_stage(Transformer(tiny_model(tied_embeddings=True)), tiny_plan(pp=2), 1,
                            allow_tied=True)
     assert last.tok is None and last.out is not None
+
+
+def test_summary_states_the_prediction_and_its_error(tmp_path, tiny_plan, write_plan):
+    plan_path = write_plan("summary", tiny_plan())          # prediction: step_time_s 0.1
+    _write_summary(tmp_path, {"step_time_s": 0.125, "prediction": {"step_time_s": 0.1}},
+                   str(plan_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    # (predicted - measured) / measured = (0.1 - 0.125) / 0.125
+    assert summary["prediction_error"] == pytest.approx(-0.2)
+    assert summary["prediction"] == {"step_time_s": 0.1}
+    assert (tmp_path / "plan.yaml").read_text() == plan_path.read_text()
+    _write_summary(tmp_path, {"step_time_s": 0.125, "prediction": {}}, str(plan_path))
+    assert json.loads((tmp_path / "summary.json").read_text())["prediction_error"] is None

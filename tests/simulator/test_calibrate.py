@@ -9,7 +9,9 @@ import yaml
 from planner.presets import load_model
 from planner.spec import Plan
 from simulator.calibrate import (
+    _collective_fit,
     _fit_alpha_beta,
+    _slowest_rank,
     calibrate,
     newest_profile,
     read_profile,
@@ -17,7 +19,7 @@ from simulator.calibrate import (
 )
 from simulator.cluster import load_cluster
 from simulator.costs import stage_costs
-from simulator.cpu_model import shape_key
+from simulator.cpu_model import at_size, shape_key
 from simulator.simulate import simulate
 
 TINY = load_model("tiny-gpt")
@@ -111,6 +113,44 @@ def test_alpha_beta_fit_recovers_latency_and_bandwidth():
     assert fit["bandwidth_Bps"] == pytest.approx(2e9, rel=1e-6)
 
 
+def test_collective_time_interpolates_the_measured_points():
+    # gloo all-reduce over 4 ranks on 2 cores as measured (rounded): 7 ms up to 1 MiB (every
+    # ring hop waits for a core), 29 ms at 16 MiB; no alpha-beta line fits both ends
+    points = {4096: 0.007, 2**20: 0.007, 16 * 2**20: 0.029}
+    assert at_size(points, 16) == 0.007                        # below the smallest: its time
+    assert at_size(points, 2**19) == pytest.approx(0.007)
+    # halfway between 1 MiB and 16 MiB in bytes: halfway in time (linear interpolation)
+    assert at_size(points, 8.5 * 2**20) == pytest.approx(0.018)
+    # beyond 16 MiB: the line through the two largest points, 22 ms per 15 MiB
+    assert at_size(points, 31 * 2**20) == pytest.approx(0.051)
+
+
+def test_profiles_with_points_use_them_and_older_ones_the_fit(tmp_path):
+    mapping = synthetic_profile()
+    fit_4 = mapping["cpu_costs"]["collectives"][4]
+    fit_4["all_reduce"] = {"n4": {"latency_s": 1e-3, "bandwidth_Bps": 1e9,
+                                  "points": {4096: 0.007, 16 * 2**20: 0.029}}}
+    profile = read_profile(write_profile(mapping, tmp_path / "p.yaml"))
+    assert profile.collective_s("all_reduce", 64, 4, 4) == pytest.approx(0.007)
+    # the 2-rank fit has no points: alpha-beta, 1 ms + 1 MB / (1 GB/s)
+    assert profile.collective_s("all_reduce", 1e6, 2, 2) == pytest.approx(2e-3)
+
+
+def test_collective_points_never_decrease_with_size():
+    # a dip (1 MiB measured faster than 4 KiB) is noise: pooled with its neighbour
+    fit = _collective_fit([(4096, 0.007), (2**20, 0.003), (16 * 2**20, 0.029)])
+    assert fit["points"] == {4096: 0.005, 2**20: 0.005, 16 * 2**20: 0.029}
+    assert {"latency_s", "bandwidth_Bps"} <= set(fit)
+
+
+def test_processes_timed_together_keep_the_slowest_of_each_step():
+    # two processes, three steps of (fwd, bwd, opt): step 1 rank 0 is slower, steps 2-3 rank 1
+    rank0 = [(2.0, 4.0, 1.0), (1.0, 2.0, 1.0), (1.0, 2.0, 1.0)]
+    rank1 = [(1.0, 2.0, 1.0), (3.0, 3.0, 1.0), (1.0, 3.0, 1.0)]
+    # slowest per step: (2, 4, 1), (3, 3, 1), (1, 3, 1); medians of each phase
+    assert _slowest_rank([rank0, rank1]) == {"fwd": 2.0, "bwd": 3.0, "opt": 1.0}
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores for two ranks")
 def test_tiny_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     micro = TINY.replace(name="micro", hidden=64, num_heads=2, num_kv_heads=2,
@@ -124,6 +164,9 @@ def test_tiny_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     local = profile.compute[shape_key(micro)]["local"]
     assert set(local) == {1, 2} and set(profile.compute[shape_key(micro)]["tp"]) == {"tp2"}
     assert set(profile.collectives[2]) >= {"all_reduce", "reduce_scatter", "all_gather", "p2p"}
+    points = profile.collectives[2]["all_reduce"]["n2"]["points"]
+    assert sorted(points) == [4096, 65536, 2**20, 4 * 2**20, 16 * 2**20]
+    assert list(points.values()) == sorted(points.values())
     pred = simulate(micro, Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=2, dtype="fp32"),
                     load_cluster("localhost-cpu", ranks=2))
     assert pred.step_time_s > 0
