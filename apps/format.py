@@ -33,8 +33,14 @@ def fmt_pct(x: float | None) -> str:
 
 
 def fmt_gib(n: float) -> str:
-    """Bytes as a bare GiB figure for a column headed in GiB (``'47.7'``)."""
-    return f"{n / GiB:.1f}"
+    """Bytes as a bare GiB figure for a column headed in GiB: one decimal from 1 GiB, two
+    significant digits below (a tiny model's rank is not '0.0').
+
+    >>> fmt_gib(47.7 * 2**30), fmt_gib(0.0234 * 2**30)
+    ('47.7', '0.023')
+    """
+    v = n / GiB
+    return f"{v:.1f}" if v >= 1 else f"{v:.2g}"
 
 
 def fmt_krate(x: float) -> str:

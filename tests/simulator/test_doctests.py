@@ -14,3 +14,10 @@ def test_module_doctests_pass(name):
     module = importlib.import_module(f"simulator.{name}")
     result = doctest.testmod(module)
     assert result.failed == 0
+
+
+@pytest.mark.parametrize("name", ["simulator.stragglers", "simulator.validate",
+                                  "apps.format", "apps.cmd_validate"])
+def test_more_doctests_pass(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0 and result.attempted > 0
