@@ -33,6 +33,9 @@ from planner.spec import PlanError
 
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
+#: Further plan fields the JSON rows carry when the search table has them (as --csv does).
+PLAN_JSON_EXTRA = ["virtual_stages", "schedule", "recompute", "zero_stage",
+                   "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s"]
 PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
               "micro_batch": ("mb", None), "virtual_stages": ("v", None),
               "zero_stage": ("zero", None), "recompute": ("ac", fmt_recompute),
@@ -99,7 +102,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from apps.cmd_faults import goodput_json, goodput_table_columns
     from planner.objective import GOODPUT_COLUMNS
     if args.json:
-        keys = PLAN_JSON_KEYS + [k for k in GOODPUT_COLUMNS if k in ranked]
+        keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
+                                 if k in ranked]
         print(json.dumps({"plans": ranked[keys].to_dict("records"),
                           "rejected": rejected.to_dict("records"), **json_extras(result),
                           **goodput_json(args)}))

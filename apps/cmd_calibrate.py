@@ -9,12 +9,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from apps.format import fmt_time_s
+from planner.spec import PlanError
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from apps.compare import sweep_models
     from simulator.calibrate import calibrate, profile_dir, write_profile
     console = Console(stderr=bool(args.json))
+    for flag, value, low in (("--ranks", args.ranks, 1), ("--iters", args.iters, 1)):
+        if value is not None and value < low:
+            raise PlanError(f"{flag}={value} must be >= {low} (e.g. {flag} 4)")
     models = sweep_models()
     specs = [models[name] for name in args.models] if args.models else list(models.values())
     console.print(f"calibrating this machine for {', '.join(s.name for s in specs)}: compute "

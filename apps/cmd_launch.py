@@ -30,6 +30,27 @@ def launch_env() -> dict[str, str]:
     return env
 
 
+def check_nodes_fit(plan_path: str, nodes: int) -> None:
+    """Raise `PlanError` when ``nodes`` would put more workers on a node than the plan's
+    cluster has devices per node (a GPU cluster named in the plan file), naming the node
+    count that fits; localhost plans and user clusters that cannot be loaded pass."""
+    from planner.planfile import read_plan_file
+    from simulator.cluster import load_cluster
+    pf = read_plan_file(plan_path)
+    try:
+        cluster = load_cluster(pf.cluster["name"], nodes=pf.cluster.get("nodes"))
+    except PlanError:
+        return
+    if cluster.nics_per_node == 0:                       # localhost-cpu: one node
+        return
+    world, per_node = pf.plan.world_size, cluster.devices_per_node
+    if world > nodes * per_node:
+        need = -(-world // per_node)
+        raise PlanError(f"--nodes={nodes} puts more than {per_node} workers on a node, but "
+                        f"{cluster.name!r} nodes have {per_node} devices and the plan needs "
+                        f"tp*pp*dp = {world}: use --nodes {need}")
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
     console = Console(stderr=bool(args.json))
@@ -38,6 +59,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag}={value} must be a positive integer")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
+    check_nodes_fit(args.plan, args.nodes)
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port

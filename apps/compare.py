@@ -213,14 +213,16 @@ def summarize_rows(rows: list[dict]) -> dict:
     (0.05, 'b', 1.0, True)
     """
     if not rows:
-        return {"rows": [], "mape": float("nan"), "spearman": float("nan"),
-                "best_plan_match": False}
+        return {"rows": [], "mape": None, "spearman": None, "best_plan_match": False}
     df = pd.DataFrame(rows)
     worst = df.loc[df["rel_error"].abs().idxmax()]
     # Spearman = Pearson of the ranks (ties get their average rank); pandas' own
     # method="spearman" needs scipy, which the project does not depend on.
+    # Undefined for one plan (or equal times): None, JSON null, not NaN (invalid JSON).
     spearman = (float(df["predicted_step_time_s"].rank().corr(
-        df["measured_step_time_s"].rank())) if len(df) > 1 else float("nan"))
+        df["measured_step_time_s"].rank())) if len(df) > 1 else None)
+    if spearman is not None and spearman != spearman:
+        spearman = None
     first = df[df["model"] == df["model"].iloc[0]]
     pred_best = first.loc[first["predicted_step_time_s"].idxmin()]
     meas_best = first.loc[first["measured_step_time_s"].idxmin()]
@@ -233,13 +235,18 @@ def summarize_rows(rows: list[dict]) -> dict:
             "predicted_best_gap": float(gap)}
 
 
+def _fmt_corr(value: float | None) -> str:
+    return "n/a (needs 2 plans)" if value is None else f"{value:.2f}"
+
+
 def summary_line(result: dict) -> str:
     """One line: MAPE, worst plan, Spearman, best-plan match."""
     worst = result.get("worst") or {"id": "-", "rel_error": float("nan")}
     match = "yes" if result["best_plan_match"] else "no"
-    return (f"MAPE {100 * result['mape']:.1f}% over {len(result['rows'])} plans; worst "
+    mape = "n/a" if result["mape"] is None else f"{100 * result['mape']:.1f}%"
+    return (f"MAPE {mape} over {len(result['rows'])} plans; worst "
             f"{worst['id']} {100 * worst['rel_error']:+.1f}%; Spearman "
-            f"{result['spearman']:.2f}; predicted best {result.get('predicted_best')} vs "
+            f"{_fmt_corr(result['spearman'])}; predicted best {result.get('predicted_best')} vs "
             f"measured best {result.get('measured_best')}: {match} "
             f"(within {100 * BEST_PLAN_TOLERANCE:.0f}%)")
 
@@ -267,7 +274,8 @@ def plot_compare(df: pd.DataFrame, path: Path, result: dict | None = None) -> No
     ax.set_ylabel("predicted step time (ms)")
     title = "localhost-cpu: predicted vs measured"
     if result and result.get("rows"):
-        title += (f"\nMAPE {100 * result['mape']:.1f}%, Spearman {result['spearman']:.2f}, "
+        title += (f"\nMAPE {100 * result['mape']:.1f}%, Spearman "
+                  f"{_fmt_corr(result['spearman'])}, "
                   f"{len(result['rows'])} plans")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left")

@@ -47,7 +47,9 @@ def _value(name: str, text: str) -> object:
         try:
             return int(text)
         except ValueError:
-            raise PlanError(f"--fix {name}={text!r}: {name} takes integers") from None
+            hint = (f"; {text!r} is another field: give one --fix per field, e.g. "
+                    f"--fix {name}=V --fix {text}" if "=" in text else "")
+            raise PlanError(f"--fix {name}={text!r}: {name} takes integers{hint}") from None
     if name == "sequence_parallel":
         if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
             raise PlanError(f"--fix sequence_parallel={text!r}: use true or false")

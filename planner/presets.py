@@ -63,5 +63,9 @@ def load_model(name_or_path: str) -> ModelSpec:
         raise PlanError(f"model file {path} is not valid YAML: {exc}") from None
     if isinstance(fields, dict) and "model" in fields and isinstance(fields["model"], dict):
         fields = fields["model"]
-    return model_from_dict(dict(fields), name=fields.get("name", path.stem)
-                           if isinstance(fields, dict) else path.stem)
+    if not isinstance(fields, dict):
+        kind = "empty" if fields is None else f"a YAML {type(fields).__name__}"
+        raise PlanError(f"model file {path} is {kind}, not a mapping of model fields; write "
+                        f"e.g. 'num_layers: 32', 'hidden: 4096', 'num_heads: 32', one per line "
+                        f"(the README's custom model example lists them)")
+    return model_from_dict(dict(fields), name=fields.get("name", path.stem))

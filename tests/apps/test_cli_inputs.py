@@ -1,0 +1,75 @@
+"""Bad input reaches the user as one line naming the field, the value and a fix (exit 2), and
+machine-readable output stays valid JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from apps.compare import summarize_rows, summary_line
+
+
+def _meshplan(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "apps.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+    proc.stderr = " ".join(proc.stderr.split())       # the console wraps long lines
+    return proc
+
+
+@pytest.mark.parametrize("content, kind", [("", "empty"), ("[1, 2]\n", "a YAML list"),
+                                           ("42\n", "a YAML int")])
+def test_a_model_file_that_is_not_a_mapping_is_named(tmp_path, content, kind):
+    path = tmp_path / "model.yaml"
+    path.write_text(content)
+    proc = _meshplan("plan", "--model", str(path), "--cluster", "dgx-h100", "--nodes", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert kind in proc.stderr and "num_layers" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("ranks", ["0", "-1"])
+def test_calibrate_rejects_fewer_than_one_rank(ranks):
+    proc = _meshplan("calibrate", "--ranks", ranks)
+    assert proc.returncode == 2
+    assert f"--ranks={ranks} must be >= 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_launch_refuses_more_workers_per_node_than_the_cluster_has(tmp_path):
+    # Llama 3 8B on 2 DGX H100 nodes: tp*pp*dp = 16 workers need 16 / 8 = 2 nodes.
+    plan = tmp_path / "plan.yaml"
+    made = _meshplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
+                     "--devices", "16", "--out", str(plan))
+    assert made.returncode == 0, made.stderr
+    proc = _meshplan("launch", str(plan), "--nodes", "1", "--rdzv-endpoint", "head:29500")
+    assert proc.returncode == 2
+    assert "use --nodes 2" in proc.stderr and "8 devices" in proc.stderr
+    ok = _meshplan("launch", str(plan), "--nodes", "2", "--rdzv-endpoint", "head:29500")
+    assert ok.returncode == 0 and "--nproc-per-node 8" in ok.stdout
+
+
+def test_fix_with_two_fields_in_one_flag_says_to_repeat_it():
+    proc = _meshplan("plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks",
+                     "2", "--fix", "pp=1,dp=2")
+    assert proc.returncode == 2
+    assert "give one --fix per field" in proc.stderr and "--fix dp=2" in proc.stderr
+
+
+def test_plan_json_rows_carry_the_plan_fields():
+    proc = _meshplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["plans"][0]
+    for key in ("virtual_stages", "schedule", "recompute", "zero_stage", "sequence_parallel",
+                "placement", "hfu"):
+        assert key in row
+    assert row["hfu"] >= row["mfu"]          # recomputation only adds hardware FLOPs
+
+
+def test_one_plan_has_no_spearman_and_stays_valid_json():
+    # Spearman's rank correlation is undefined for one pair: null in JSON, 'n/a' in text.
+    result = summarize_rows([{"id": "a", "model": "m", "predicted_step_time_s": 1.0,
+                              "measured_step_time_s": 1.25, "rel_error": -0.2}])
+    assert result["spearman"] is None
+    assert json.loads(json.dumps(result, allow_nan=False))["mape"] == pytest.approx(0.2)
+    assert "Spearman n/a" in summary_line(result)
