@@ -78,12 +78,20 @@ def print_table(console: Console, df: pd.DataFrame, title: str,
     """Print the ``columns`` of ``df`` as a rich table.
 
     ``columns`` maps a column name to ``(header, formatter)``; formatter None prints ``str``.
+    Cells never wrap or get cut: a table wider than the terminal is printed at its own width
+    (the terminal folds the lines; piped output keeps every row on one line).
     """
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 0))
     for col, (header, _) in columns.items():
         table.add_column(header, justify="left" if df[col].dtype == object else "right",
-                         no_wrap=col == "id")
+                         no_wrap=True)
     for _, row in (df.head(limit) if limit else df).iterrows():
         table.add_row(*[fmt(row[c]) if fmt else str(row[c]) for c, (_, fmt) in columns.items()])
-    console.print(table)
+    width = console.measure(table, options=console.options.update_width(10_000)).maximum
+    terminal = console.width
+    console.width = max(terminal, width)
+    try:
+        console.print(table)
+    finally:
+        console.width = terminal

@@ -73,3 +73,21 @@ def test_one_plan_has_no_spearman_and_stays_valid_json():
     assert result["spearman"] is None
     assert json.loads(json.dumps(result, allow_nan=False))["mape"] == pytest.approx(0.2)
     assert "Spearman n/a" in summary_line(result)
+
+
+def test_tables_wider_than_the_terminal_keep_every_cell_whole():
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from apps.format import print_table
+    out = io.StringIO()
+    console = Console(file=out, width=40, color_system=None)
+    df = pd.DataFrame([{f"c{i}": 1000 * i for i in range(10)}])
+    print_table(console, df, "wide", {f"c{i}": (f"column{i}", None) for i in range(10)})
+    lines = out.getvalue().splitlines()
+    assert "…" not in out.getvalue()
+    assert any(all(f"column{i}" in line for i in range(10)) for line in lines)
+    assert any("9000" in line and "1000" in line for line in lines)
+    assert console.width == 40                            # restored afterwards
