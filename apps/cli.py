@@ -185,10 +185,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.launch import run_plan
     console = _console(args)
     check_run_args(args)
-    config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data)
+    from apps.cmd_faults import restart_line, run_fault_kwargs
+    config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data,
+                                 faults=run_fault_kwargs(args))
     echo_run_config(console, config)
     console.print(f"  saved   {save_run_config(config)}", highlight=False)
-    from apps.cmd_faults import restart_line, run_fault_kwargs
     summary = with_step_progress(console, config, lambda: run_plan(
         args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data,
         **run_fault_kwargs(args)))

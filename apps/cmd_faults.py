@@ -17,7 +17,8 @@ def add_run_fault_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", type=int, default=2, metavar="N",
                         help="newest checkpoints kept (default 2)")
     parser.add_argument("--resume", metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR")
+                        help="start from the newest valid checkpoint in DIR (a run "
+                             "folder: its checkpoints/)")
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault, repeatable: kill:rank=R,step=S, "
                              "hang:rank=R,step=S, slow:rank=R,factor=F, "

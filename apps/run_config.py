@@ -28,24 +28,41 @@ RUN_CONFIG_NAME = "run_config.json"
 
 
 def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
-                        out_dir: str | os.PathLike | None, data: str | None) -> dict:
+                        out_dir: str | os.PathLike | None, data: str | None,
+                        faults: dict | None = None) -> dict:
     """Every setting of a run, defaults filled in: plan file, model, plan, cluster, steps,
-    data, run folder and the torchrun command line.
+    data, run folder, fault-tolerance options and the torchrun command line.
 
+    Args:
+        faults: `runtime.launch.run_plan`'s fault keywords (`apps.cmd_faults.run_fault_kwargs`:
+            checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan,
+            max_restarts); None: the defaults. The command carries every one that is not a
+            default, so running it reproduces the run.
     Raises:
         PlanError: the plan file is missing or invalid.
     """
+    from runtime.faults import fault_cli_args
     from runtime.launch import torchrun_command
     pf = read_plan_file(plan_path)
     out = Path(out_dir) if out_dir else Path("runs") / pf.plan.id
     plan = pf.to_dict()["plan"]
+    options = {"checkpoint_every": 0, "keep": 2, "resume": None, "inject": [],
+               "collective_timeout_s": None, "on_nan": "stop", "max_restarts": 0,
+               **(faults or {})}
+    options["resume"] = None if options["resume"] is None else str(options["resume"])
+    options["inject"] = list(options["inject"])
+    train_args = fault_cli_args(
+        checkpoint_every=options["checkpoint_every"], keep=options["keep"],
+        resume=options["resume"], inject=options["inject"],
+        timeout_s=options["collective_timeout_s"], on_nan=options["on_nan"])
     command = torchrun_command(plan_path, steps=steps, out_dir=out, data=data,
-                               nproc=pf.plan.world_size, master_port=0)
+                               nproc=pf.plan.world_size, master_port=0,
+                               max_restarts=options["max_restarts"], train_args=train_args)
     return {"meshplan_version": __version__, "plan_file": str(plan_path),
             "plan_id": pf.plan.id, "world_size": pf.plan.world_size, "steps": steps,
             "data": data or "python-stdlib-sources", "out_dir": str(out),
             "omp_num_threads": 1, "model": dataclasses.asdict(pf.model), "plan": plan,
-            "cluster": pf.cluster,
+            "cluster": pf.cluster, "faults": options,
             "command": shlex.join(["python", *command[1:]]).replace(
                 "--master-port 0", "--master-port FREE_PORT")}
 
@@ -53,14 +70,17 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
 def check_run_args(args) -> None:
     """Check `meshplan run`'s plan and flags before torchrun starts any worker.
 
+    A ``--resume`` run folder becomes its ``checkpoints/`` folder (`runtime.elastic.resume_folder`).
+
     Raises:
-        PlanError: the plan file is invalid; a flag is out of range; the data file is missing;
+        PlanError: the plan file is invalid; a flag is out of range (a fault beyond --steps, a
+            --resume folder without checkpoints); the data file is missing;
             or the plan needs devices this machine does not have (a GPU cluster's plan without
             CUDA, or more ranks than GPUs: multi-node plans go through `meshplan launch`).
     """
     import torch
 
-    from runtime.elastic import fault_args_error
+    from runtime.elastic import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
     if args.steps < 1:
         raise PlanError(f"--steps={args.steps} must be >= 1")
@@ -70,6 +90,8 @@ def check_run_args(args) -> None:
         raise PlanError(f"--data file {args.data!r} does not exist")
     if (problem := fault_args_error(args, world=pf.plan.world_size)) is not None:
         raise PlanError(problem)
+    if args.resume is not None:
+        args.resume = str(resume_folder(args.resume))   # a run folder: its checkpoints/
     world, gpus = pf.plan.world_size, torch.cuda.device_count()
     if pf.cluster.get("name") != "localhost-cpu" and gpus == 0:
         raise PlanError(

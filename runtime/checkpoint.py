@@ -41,13 +41,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from runtime.faults import corrupt_file
 
 #: Seconds a rank waits for rank 0 to finish (rename) a checkpoint it helped write.
 LAND_TIMEOUT_S = 60.0
 MANIFEST = "manifest.json"
+#: Optimizer state keyed by parameter FQN, param-group settings included
+#: (``param_groups.<fqn>.lr``): pipeline stages hold different parameters, and the default
+#: list form (``param_groups.0.lr``) gives every stage the same keys, so one stage's groups
+#: would overwrite the other's in the checkpoint (a resume then fails in AdamW.step with
+#: ``KeyError: 'betas'``). Keyed by FQN, any layout can load any other's (DCP resharding).
+FLAT_OPTIM = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def checkpoint_name(step: int) -> str:
@@ -154,7 +164,7 @@ class CheckpointManager:
         tmp = self.folder / f"tmp-{checkpoint_name(step)}"
         tmp.mkdir(parents=True, exist_ok=True)
         torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=FLAT_OPTIM)
         state = {"model": model_sd, "optim": optim_sd}
         self._pending_step = step
         self._landed.clear()
@@ -262,13 +272,22 @@ class CheckpointManager:
         path, skipped = choice
         if path is None:
             return 0, None, skipped
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        options = FLAT_OPTIM if _flat_optimizer_keys(Path(path)) else StateDictOptions()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=options)
         return int(json.loads((Path(path) / MANIFEST).read_text())["step"]), \
             load_extra(Path(path), self.rank, dist.get_world_size()), skipped
+
+
+def _flat_optimizer_keys(folder: Path) -> bool:
+    """Whether checkpoint ``folder`` keys its optimizer param groups by FQN (`FLAT_OPTIM`);
+    False for a checkpoint written before that (``optim.param_groups.0.lr``), which loads in
+    the list form (correct on a layout with one pipeline stage per rank set, as it was saved)."""
+    keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    return "optim.param_groups.0.lr" not in keys        # no parameter's FQN is "0"
 
 
 def saved_world_size(folder: Path) -> int:

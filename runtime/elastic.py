@@ -55,7 +55,8 @@ def add_fault_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                         help="where checkpoints go (default: OUT/checkpoints)")
     parser.add_argument("--resume", default=None, metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR")
+                        help="start from the newest valid checkpoint in DIR (a run folder: "
+                             "its checkpoints/)")
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault (repeatable): kill:rank=R,step=S, "
                              "hang:rank=R,step=S, slow:rank=R,factor=F, "
@@ -77,18 +78,47 @@ def fault_args_error(args: argparse.Namespace, world: int | None = None) -> str 
     except ValueError as exc:
         return str(exc)
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    steps = getattr(args, "steps", None)
     for fault in faults:
         if fault.rank is not None and fault.rank >= world:
             return f"--inject {fault.spec}: rank {fault.rank} does not exist (world size {world})"
+        if steps is not None and fault.step is not None and fault.step > steps:
+            return (f"--inject {fault.spec}: step={fault.step} is beyond --steps {steps}, so "
+                    f"it would never fire; use a step from 1 to {steps}, or --steps "
+                    f"{fault.step} or more")
     if args.checkpoint_every < 0:
         return f"--checkpoint-every={args.checkpoint_every} must be >= 0"
     if args.keep < 1:
         return f"--keep={args.keep} must be >= 1"
     if args.timeout_s is not None and not args.timeout_s > 0:
         return f"--timeout-s={args.timeout_s} must be > 0"
-    if args.resume is not None and not Path(args.resume).is_dir():
-        return f"--resume folder {args.resume!r} does not exist"
+    if args.resume is not None:
+        try:
+            resume_folder(args.resume)
+        except ValueError as exc:
+            return str(exc)
     return None
+
+
+def resume_folder(path: str | os.PathLike) -> Path:
+    """The checkpoint folder that ``--resume path`` means: ``path`` itself when it holds
+    checkpoints (``step*/`` folders), else a run folder's ``path/checkpoints``.
+
+    Raises:
+        ValueError: ``path`` does not exist, or neither it nor ``path/checkpoints`` holds a
+            checkpoint (the message names both and the fix).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"--resume folder {str(path)!r} does not exist; give a run folder "
+                         "(OUT of a run with --checkpoint-every K) or its checkpoints/ folder")
+    if list_checkpoints(folder):
+        return folder
+    if list_checkpoints(folder / "checkpoints"):
+        return folder / "checkpoints"
+    raise ValueError(f"--resume {str(path)!r}: no checkpoint in it nor in "
+                     f"{str(folder / 'checkpoints')!r} (no step*/ folder); resume from the run "
+                     "folder of a run with --checkpoint-every K, or its checkpoints/ folder")
 
 
 def all_fault_specs(args: argparse.Namespace) -> list[str]:

@@ -2,7 +2,8 @@
 
 `torchrun_command` builds the command line (one process per device of the plan, loopback
 rendezvous on a free port); `run_plan` runs it with one thread per rank, streams its output, and
-returns the parsed ``summary.json``.
+returns the parsed ``summary.json``. A failed run's error ends with one line (`failure_hint`):
+the rank that failed, the last step done and the ``--resume`` command when it left a checkpoint.
 """
 
 from __future__ import annotations
@@ -106,26 +107,95 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                                inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    rc, tail, error_lines = _stream(cmd, env, timeout_s, quiet)
+    rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet)
     if rc != 0:
         errors = list(dict.fromkeys(error_lines))
+        # the output was echoed already unless quiet; the last line says what to do next
+        hint = failure_hint(list(tail), plan_file_path, out_dir, steps, max_restarts,
+                            fired=fired, input_error=bool(errors))
         raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
-                           + "".join(errors) + "last output:\n" + "".join(tail))
+                           + "".join(errors)
+                           + ("last output:\n" + "".join(tail) if quiet else "")
+                           + (hint or ""))
     summary = json.loads((Path(out_dir) / "summary.json").read_text())
     if "error" in summary:                   # stopped on purpose (runtime.elastic.StopTraining)
         raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
     return summary
 
 
+def failed_rank(lines: list[str]) -> tuple[int, str] | None:
+    """(rank, exit code with signal name) of torchrun's "Root Cause (first observed failure)"
+    block in ``lines`` (its failure report), or None when the output has none.
+
+    >>> failed_rank(["Root Cause (first observed failure):\\n", "[0]:\\n",
+    ...              "  rank      : 1 (local_rank: 1)\\n",
+    ...              "  exitcode  : -9 (pid: 3314)  (SIGKILL)\\n"])
+    (1, '-9, SIGKILL')
+    """
+    start = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), None)
+    if start is None:
+        return None
+    rank = code = None
+    for line in lines[start + 1:]:
+        key, _, value = line.strip().partition(":")
+        if key.strip() == "rank" and rank is None:
+            rank = int(value.split()[0])
+        elif key.strip() == "exitcode" and code is None:
+            words = value.split()
+            code = words[0] + (f", {words[-1].strip('()')}" if words[-1].startswith("(SIG")
+                               else "")
+    return None if rank is None or code is None else (rank, code)
+
+
+def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_restarts: int,
+                 *, fired: list[str] = (), input_error: bool = False) -> str | None:
+    """The last line of a failed run's error: which rank failed, after which step, and how to
+    go on (``--resume OUT/checkpoints`` when the run left a checkpoint); None for an input
+    error (its own one-line errors say it all).
+
+    Args:
+        lines: the run's last lines of output (torchrun's failure report among them).
+        fired: the run's ``meshplan fault: SPEC fired (rank R)`` lines (injected faults).
+    """
+    if input_error:
+        return None
+    out = Path(out_dir)
+    who = failed_rank(lines)
+    fired = list(dict.fromkeys(line.split()[2] for line in fired))
+    try:
+        done = sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
+    except OSError:
+        done = 0
+    why = [] if who is None else [f"exit code {who[1]}"]
+    why += [f"injected fault {spec}" for spec in fired]
+    text = (f"meshplan run: {'the run' if who is None else f'rank {who[0]}'} failed after "
+            f"step {done} of {steps}" + (f" ({'; '.join(why)})" if why else ""))
+    if max_restarts:
+        text += f", with all {max_restarts} restart(s) used"
+    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step*") if p.is_dir())
+    if checkpoints:
+        text += (f"; newest checkpoint {checkpoints[-1]}: resume with `meshplan run "
+                 f"{plan_file_path} --steps {steps} --out {out} --resume "
+                 f"{out / 'checkpoints'}`")
+        if not max_restarts:
+            text += " (or add --max-restarts N to restart automatically)"
+    else:
+        text += ("; no checkpoint to resume from: run again with --checkpoint-every K "
+                 "--max-restarts N to survive a failure")
+    return text + "\n"
+
+
 def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool
-            ) -> tuple[int, collections.deque, list[str]]:
+            ) -> tuple[int, collections.deque, list[str], list[str]]:
     """Run ``cmd``, echo its merged stdout/stderr line by line.
 
     Returns:
-        (exit status, the last TAIL_LINES lines, every line that starts with ERROR_PREFIX).
+        (exit status, the last TAIL_LINES lines, every line that starts with ERROR_PREFIX,
+        every line that reports an injected fault firing).
     """
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     error_lines: list[str] = []
+    fired: list[str] = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, start_new_session=True)
     timer = None
@@ -137,10 +207,12 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool
             tail.append(line)
             if line.startswith(ERROR_PREFIX):
                 error_lines.append(line)
+            elif line.startswith("meshplan fault:") and " fired " in line:
+                fired.append(line)
             if not quiet:
                 sys.stdout.write(line)
                 sys.stdout.flush()
-        return proc.wait(), tail, error_lines
+        return proc.wait(), tail, error_lines, fired
     finally:
         if timer is not None:
             timer.cancel()

@@ -44,7 +44,13 @@ from torch.distributed.tensor.parallel import loss_parallel
 from planner.planfile import PlanFile, read_plan_file
 from planner.spec import PlanError, check_plan
 from runtime.data import ByteBatches, read_corpus
-from runtime.elastic import Resilience, StopTraining, add_fault_args, fault_args_error
+from runtime.elastic import (
+    Resilience,
+    StopTraining,
+    add_fault_args,
+    fault_args_error,
+    resume_folder,
+)
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
@@ -381,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         pf, tokens = check_inputs(args)
         if (problem := fault_args_error(args)) is not None:
             raise ValueError(problem)
+        if args.resume is not None:
+            args.resume = str(resume_folder(args.resume))    # a run folder: its checkpoints/
     except (PlanError, FileNotFoundError, ValueError) as exc:
         rank = os.environ.get("RANK", "0")
         print(f"{ERROR_PREFIX} (rank {rank}): {exc}", file=sys.stderr, flush=True)

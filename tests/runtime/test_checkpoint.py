@@ -174,3 +174,39 @@ def test_resume_with_another_global_batch_says_what_to_use():
     with pytest.raises(RuntimeError, match="global_batch=8; this plan has global_batch=16.*"
                                            "resume with global_batch=8"):
         Resilience._restore_position(_resilience(dp=2, global_batch=16), 6, extra)
+
+
+def test_optimizer_groups_are_keyed_by_parameter_name(tmp_path):
+    # pipeline stages hold different parameters: group-index keys ("param_groups.0.lr") are
+    # the same on every stage, so one stage's groups would overwrite another's
+    import torch.distributed.checkpoint as dcp
+    model, optimizer = make_state()
+    train_steps(model, optimizer, 1)
+    manager = CheckpointManager(tmp_path, [model], optimizer, asynchronous=False)
+    manager.save(1, {})
+    manager.wait()
+    keys = dcp.FileSystemReader(str(tmp_path / checkpoint_name(1))).read_metadata() \
+        .state_dict_metadata
+    assert {"optim.param_groups.0.weight.lr", "optim.param_groups.2.bias.betas"} <= set(keys)
+    assert "optim.param_groups.0.lr" not in keys
+
+
+def test_a_checkpoint_with_group_index_keys_still_loads(tmp_path):
+    # written the way checkpoints were before the groups were keyed by parameter name
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from runtime.checkpoint import write_manifest
+    model, optimizer = make_state()
+    train_steps(model, optimizer, 2)
+    folder = tmp_path / checkpoint_name(2)
+    folder.mkdir()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    torch.save({"step": 2}, folder / "extra_rank0.pt")
+    write_manifest(folder, 2)
+    expected = train_steps(model, optimizer, 2, start=2)
+    fresh, fresh_opt = make_state(seed=1)
+    assert CheckpointManager(tmp_path, [fresh], fresh_opt).load_latest()[0] == 2
+    assert fresh_opt.param_groups[0]["betas"] == optimizer.param_groups[0]["betas"]
+    assert train_steps(fresh, fresh_opt, 2, start=2) == expected

@@ -158,3 +158,51 @@ def test_resume_on_another_world_size_continues_the_sample_sequence(
     joined = sorted(i for v in consumed(tmp_path / "first").values() for i in v) + \
         sorted(i for v in ids.values() for i in v)
     assert joined == list(range(8 * STEPS))         # nothing skipped, nothing repeated
+
+
+# -- pipeline parallelism: two stages hold different parameters (and optimizer groups) -------
+
+@pytest.fixture(scope="module")
+def pp_plan_path(write_plan, tiny_plan, tiny_model):
+    return write_plan("faults-pp2", tiny_plan(pp=2), tiny_model(num_layers=2))
+
+
+@pytest.fixture(scope="module")
+def pp_uninterrupted(pp_plan_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp-uninterrupted")
+    return run_plan(pp_plan_path, steps=STEPS, out_dir=out, quiet=True, timeout_s=120)
+
+
+def test_killed_pipeline_stage_restarts_from_the_last_checkpoint(pp_plan_path, tmp_path,
+                                                                 pp_uninterrupted):
+    # each stage saves its own optimizer param groups (keyed by parameter name): with list
+    # keys the stages overwrote each other's and the restart failed in AdamW.step
+    summary = launch(pp_plan_path, tmp_path, inject=["kill:rank=1,step=7"], max_restarts=1)
+    assert summary["losses"] == pp_uninterrupted["losses"]      # bitwise, step by step
+    assert summary["restarts"] == 1 and summary["steps_lost"] == 1
+
+
+def test_failed_run_ends_with_the_resume_command_and_resumes_from_its_folder(
+        pp_plan_path, tmp_path, pp_uninterrupted):
+    first = tmp_path / "first"
+    with pytest.raises(RuntimeError) as info:
+        launch(pp_plan_path, first, inject=["kill:rank=1,step=7"], max_restarts=0)
+    last = str(info.value).splitlines()[-1]
+    assert last.startswith("meshplan run: rank 1 failed after step 6 of 10 (exit code -9, "
+                           "SIGKILL; injected fault kill:rank=1,step=7)")
+    assert f"--resume {first / 'checkpoints'}`" in last
+    # --resume takes the run folder too (its checkpoints/)
+    summary = launch(pp_plan_path, tmp_path / "second", resume=first, max_restarts=0)
+    assert summary["losses"] == pp_uninterrupted["losses"][6:]
+
+
+def test_failure_hint_without_checkpoints_says_how_to_survive_one(tmp_path):
+    from runtime.launch import failure_hint
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    report = ["Root Cause (first observed failure):\n", "[0]:\n",
+              "  rank      : 0 (local_rank: 0)\n", "  exitcode  : 1 (pid: 12)\n"]
+    hint = failure_hint(report, "plan.yaml", tmp_path, 5, 0)
+    assert hint == ("meshplan run: rank 0 failed after step 2 of 5 (exit code 1); no "
+                    "checkpoint to resume from: run again with --checkpoint-every K "
+                    "--max-restarts N to survive a failure\n")
+    assert failure_hint(report, "plan.yaml", tmp_path, 5, 0, input_error=True) is None

@@ -1,0 +1,106 @@
+"""`meshplan run`'s fault flags: echoed in the command that reproduces the run, checked before
+any worker starts (a fault beyond --steps, a --resume folder without checkpoints)."""
+
+import json
+import shlex
+
+import pytest
+
+from apps.cli import main
+from apps.run_config import RUN_CONFIG_NAME
+from planner.planfile import PlanFile, write_plan_file
+from planner.presets import load_model
+from planner.spec import Plan
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "500")    # rich would wrap long paths mid-word
+
+
+@pytest.fixture
+def plan_path(tmp_path):
+    plan = Plan(tp=1, pp=2, dp=1, micro_batch=2, global_batch=8, dtype="fp32")
+    return write_plan_file(tmp_path / "plan.yaml", PlanFile(
+        model=load_model("tiny-gpt"), plan=plan,
+        cluster={"name": "localhost-cpu", "nodes": 1, "ranks": 2}))
+
+
+@pytest.fixture
+def run_plan_calls(monkeypatch):
+    """The keyword arguments of each `runtime.launch.run_plan` call (which does not run)."""
+    import runtime.launch
+    calls = []
+    summary = {"plan_id": "tp1-pp2-dp1-mb2-gb8", "steps": 10, "final_loss": 3.5,
+               "step_time_s": 0.25, "tokens_per_s": 4096.0}
+
+    def fake(plan, **kwargs):
+        calls.append(kwargs)
+        return summary
+
+    monkeypatch.setattr(runtime.launch, "run_plan", fake)
+    return calls
+
+
+def previous_run(tmp_path, *steps):
+    """A run folder whose checkpoints/ holds checkpoints of ``steps``."""
+    folder = tmp_path / "previous"
+    for step in steps:
+        (folder / "checkpoints" / f"step{step:08d}").mkdir(parents=True)
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_saved_command_reproduces_every_fault_flag(plan_path, tmp_path, run_plan_calls):
+    from runtime.train import parse_args
+    previous, out = previous_run(tmp_path, 4), tmp_path / "run"
+    assert main(["run", str(plan_path), "--steps", "10", "--checkpoint-every", "2",
+                 "--inject", "kill:rank=1,step=7", "--max-restarts", "1", "--resume",
+                 str(previous), "--timeout-s", "9", "--out", str(out)]) == 0
+    config = json.loads((out / RUN_CONFIG_NAME).read_text())
+    cmd = shlex.split(config["command"])
+    assert cmd[cmd.index("--max-restarts") + 1] == "1"
+    args = parse_args(cmd[cmd.index("runtime.train") + 1:])     # what the workers will read
+    assert (args.steps, args.checkpoint_every, args.inject, args.timeout_s) == \
+        (10, 2, ["kill:rank=1,step=7"], 9.0)
+    assert args.resume == str(previous / "checkpoints")         # the run folder's checkpoints
+    assert config["faults"]["max_restarts"] == 1
+    (call,) = run_plan_calls
+    assert (call["max_restarts"], call["checkpoint_every"], call["resume"]) == \
+        (1, 2, str(previous / "checkpoints"))
+
+
+def test_command_of_a_plain_run_has_no_fault_flags(plan_path, tmp_path, run_plan_calls):
+    assert main(["run", str(plan_path), "--steps", "3", "--out", str(tmp_path / "r")]) == 0
+    command = json.loads((tmp_path / "r" / RUN_CONFIG_NAME).read_text())["command"]
+    assert "--max-restarts 0" in command
+    assert not any(f in command for f in ("--checkpoint-every", "--inject", "--resume"))
+
+
+def test_resume_of_a_checkpoint_folder_is_kept(plan_path, tmp_path, run_plan_calls):
+    previous = previous_run(tmp_path, 3, 6)
+    assert main(["run", str(plan_path), "--steps", "10", "--resume",
+                 str(previous / "checkpoints"), "--out", str(tmp_path / "r")]) == 0
+    assert run_plan_calls[0]["resume"] == str(previous / "checkpoints")
+
+
+def test_resume_without_a_checkpoint_exits_2_naming_the_folder(plan_path, tmp_path, capsys,
+                                                               run_plan_calls):
+    empty = previous_run(tmp_path)
+    assert main(["run", str(plan_path), "--steps", "4", "--resume", str(empty)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert f"--resume '{empty}': no checkpoint in it nor in '{empty / 'checkpoints'}'" in err
+    assert "--checkpoint-every K" in err
+    assert run_plan_calls == []
+
+
+def test_fault_beyond_the_last_step_exits_2(plan_path, capsys, run_plan_calls):
+    assert main(["run", str(plan_path), "--steps", "4", "--inject", "kill:rank=1,step=50"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "--inject kill:rank=1,step=50: step=50 is beyond --steps 4" in err
+    assert "use a step from 1 to 4, or --steps 50 or more" in err
+    assert run_plan_calls == []
