@@ -7,17 +7,11 @@ import pytest
 import apps.cmd_app as cmd_app
 from apps.cli import main
 from apps.run_config import RUN_CONFIG_NAME, resolved_run_config
-from planner.planfile import PlanFile, write_plan_file
-from planner.presets import load_model
-from planner.spec import Plan
 
 
 @pytest.fixture
-def plan_path(tmp_path):
-    plan = Plan(tp=1, pp=1, dp=2, micro_batch=1, global_batch=8, dtype="fp32")
-    return write_plan_file(tmp_path / "plan.yaml", PlanFile(
-        model=load_model("tiny-gpt"), plan=plan,
-        cluster={"name": "localhost-cpu", "nodes": 1, "ranks": 2}))
+def plan_path(tiny_plan_file):
+    return tiny_plan_file(tp=1, pp=1, dp=2)
 
 
 def test_app_serves_the_explorer_with_streamlit(monkeypatch):

@@ -8,9 +8,6 @@ import pytest
 
 from apps.cli import main
 from apps.run_config import RUN_CONFIG_NAME
-from planner.planfile import PlanFile, write_plan_file
-from planner.presets import load_model
-from planner.spec import Plan
 
 
 @pytest.fixture(autouse=True)
@@ -19,11 +16,8 @@ def wide_console(monkeypatch):
 
 
 @pytest.fixture
-def plan_path(tmp_path):
-    plan = Plan(tp=1, pp=2, dp=1, micro_batch=2, global_batch=8, dtype="fp32")
-    return write_plan_file(tmp_path / "plan.yaml", PlanFile(
-        model=load_model("tiny-gpt"), plan=plan,
-        cluster={"name": "localhost-cpu", "nodes": 1, "ranks": 2}))
+def plan_path(tiny_plan_file):
+    return tiny_plan_file(tp=1, pp=2, dp=1, micro_batch=2)
 
 
 @pytest.fixture
