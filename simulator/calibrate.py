@@ -6,11 +6,14 @@ microbenchmarks of `simulator.calibrate_bench`:
 - compute, k processes computing at once (k = 1, 2, ..., ranks): single-thread fp32 GEMMs at
   the model's layer shapes, SDPA attention, GeLU / LayerNorm / copy throughput, and the
   runtime's own `Transformer` with 1 and 3 layers at several micro-batch sizes (forward,
-  backward, backward under full recomputation, AdamW step timed apart; the embedding alone);
+  backward, both again under full and under selective recomputation, AdamW step timed
+  apart; the embedding alone);
 - gloo, a process group of ``ranks`` processes: all-reduce, reduce-scatter and all-gather at
   4 KiB - 16 MiB on groups of 2 and of all ranks, send/recv ping-pong, the cost of one 1F1B
-  action of ``torch.distributed.pipelining`` on trivial stages, and the same 1- and
-  3-layer models under DTensor tensor parallelism (`runtime.parallelize.apply_tp`).
+  action and of one interleaved-1F1B action of ``torch.distributed.pipelining`` on trivial
+  stages, and the same 1- and
+  3-layer models under DTensor tensor parallelism (`runtime.parallelize.apply_tp`), with
+  and without sequence parallelism, each also under selective recomputation.
 
 Layer time = (3-layer − 1-layer time) / 2; edges (embedding + head + loss) = the rest; each as
 ``{tokens: seconds}``; the k processes start each timed step together and the slowest one's
@@ -55,6 +58,12 @@ COLLECTIVE_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 #: Layer counts of the timed models: layer time = (t(3) − t(1)) / 2, edges = t(1) − layer.
 CALIBRATION_LAYERS = (1, 3)
+#: Recomputation policies of `runtime.parallelize.apply_recompute` timed for the first model
+#: (besides "none"), locally and under TP.
+RECOMPUTE_POLICIES = ("full", "selective")
+#: Timed steps (after two warm-up steps) of the TP variants: selective recomputation and
+#: sequence parallelism, with and without it.
+VARIANT_ITERS = 3
 
 
 def profile_dir() -> Path:
@@ -95,7 +104,7 @@ def _compute_items(specs: list[ModelSpec], micro_batches: tuple[int, ...],
             for layers in CALIBRATION_LAYERS:
                 items.append((i, layers, mb, "none"))
                 if recompute_first and i == 0:
-                    items.append((i, layers, mb, "full"))
+                    items += [(i, layers, mb, rc) for rc in RECOMPUTE_POLICIES]
     return items
 
 
@@ -180,7 +189,8 @@ def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
                           timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "fsdp": {}, "tp_dp": {}}
+    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "tp_sp": {}, "fsdp": {},
+                 "tp_dp": {}}
     groups = {world: None}
     if world > 2:
         pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
@@ -194,15 +204,27 @@ def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
             queue.put(("tick", f"ws={world} {op}"))
     out["p2p"] = [(float(s), bench.time_p2p(dist, s, iters)) for s in COLLECTIVE_SIZES]
     out["pipeline_action_s"] = bench.time_pipeline_action(dist, world, 2 * world, iters, 8, 8)
+    out["pipeline_action_interleaved_s"] = bench.time_pipeline_action(
+        dist, world, 2 * world, iters, 8, 8, virtual_stages=2)
     if rank == 0:
         queue.put(("tick", f"ws={world} send/recv"))
     spec = specs[0]
+    variant_iters = min(iters, VARIANT_ITERS)
     for n in sorted(groups):
         mesh = init_device_mesh("cpu", (world // n, n), mesh_dim_names=("dp", "tp"))
         for mb in tp_micro_batches:
             for layers in CALIBRATION_LAYERS:
-                out["tp"][(n, layers, mb)] = bench.model_step_times(
-                    spec, layers, mb, iters, tp_mesh=mesh["tp"], barrier=dist.barrier)
+                for rc in ("none", "selective"):
+                    # the variants with fewer timed steps (`VARIANT_ITERS`): calibration
+                    # stays under 3 minutes on 2 cores
+                    out["tp"][(n, layers, mb, rc)] = bench.model_step_times(
+                        spec, layers, mb, iters if rc == "none" else variant_iters,
+                        recompute=rc, tp_mesh=mesh["tp"], barrier=dist.barrier)
+                    # sequence parallelism (norms on (B, T/tp, h), reduce-scatter +
+                    # all-gather instead of all-reduce)
+                    out["tp_sp"][(n, layers, mb, rc)] = bench.model_step_times(
+                        spec, layers, mb, variant_iters, recompute=rc, tp_mesh=mesh["tp"],
+                        sequence_parallel=True, barrier=dist.barrier)
                 if rank == 0:
                     queue.put(("tick", f"ws={world} tp{n} L{layers} mb{mb}"))
     dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
@@ -274,7 +296,11 @@ def _points(rows: dict[int, float]) -> dict[int, float]:
 
 def _terms_from_models(spec: ModelSpec, timings: dict, micro_batches, *, emb=None,
                        key=lambda layers, mb, rc: (layers, mb, rc)) -> dict:
-    """Layer / edge / optimizer terms ``{tokens: s}`` from 1- and 3-layer model timings."""
+    """Layer / edge / optimizer terms ``{tokens: s}`` from 1- and 3-layer model timings.
+
+    ``timings`` maps ``key(layers, micro_batch, recompute)`` to ``{"fwd", "bwd", "opt"}``
+    seconds. ``layer_bwd_full`` comes from the "full" timings (else forward + backward);
+    ``layer_fwd_selective`` / ``layer_bwd_selective`` only when "selective" ones exist."""
     terms: dict = {n: {} for n in ("layer_fwd", "layer_bwd", "layer_bwd_full", "edge_fwd",
                                    "edge_bwd", "emb_fwd", "emb_bwd")}
     opt_layer, opt_edge = [], []
@@ -290,6 +316,13 @@ def _terms_from_models(spec: ModelSpec, timings: dict, micro_batches, *, emb=Non
         terms["layer_bwd_full"][tokens] = (max(0.0, (full[1]["bwd"] - full[0]["bwd"]) / (hi - lo))
                                            if full[0] else terms["layer_bwd"][tokens]
                                            + terms["layer_fwd"][tokens])
+        sel = (timings.get(key(lo, mb, "selective")), timings.get(key(hi, mb, "selective")))
+        if sel[0] and sel[1]:
+            # selective recomputation changes the forward too: every op of the block runs
+            # under the checkpoint's dispatch mode, which decides what is saved
+            for ph in ("fwd", "bwd"):
+                terms.setdefault(f"layer_{ph}_selective", {})[tokens] = max(
+                    0.0, (sel[1][ph] - sel[0][ph]) / (hi - lo))
         if emb is not None:
             terms["emb_fwd"][tokens] = emb[mb]["fwd"]
             terms["emb_bwd"][tokens] = emb[mb]["bwd"]
@@ -351,13 +384,18 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
             fits[op][f"n{n}"] = _collective_fit(pts)
         fits["p2p"] = _collective_fit(res["p2p"])
         fits["pipeline_action_s"] = float(res["pipeline_action_s"])
+        fits["pipeline_action_interleaved_s"] = float(res["pipeline_action_interleaved_s"])
         collectives[world] = fits
         spec = specs[0]
-        for n in sorted({n for n, _, _ in res["tp"]}):
-            timings = {(layers, mb, "none"): v for (m, layers, mb), v in res["tp"].items()
+        for n in sorted({n for n, *_ in res["tp"]}):
+            timings = {(layers, mb, rc): v for (m, layers, mb, rc), v in res["tp"].items()
                        if m == n}
             compute[shape_key(spec)]["tp"].setdefault(f"tp{n}", {})[world] = \
                 _terms_from_models(spec, timings, tp_micro_batches)
+            timings = {(layers, mb, rc): v for (m, layers, mb, rc), v in res["tp_sp"].items()
+                       if m == n}
+            compute[shape_key(spec)].setdefault("tp_sp", {}).setdefault(f"tp{n}", {})[
+                world] = _terms_from_models(spec, timings, tp_micro_batches)
         timings = {(layers, mb, "none"): v for (_, layers, mb), v in res["fsdp"].items()}
         compute[shape_key(spec)].setdefault("zero3", {}).setdefault(f"dp{world}", {})[world] = \
             _terms_from_models(spec, timings, tp_micro_batches)

@@ -25,25 +25,29 @@ def median_s(fn: Callable[[], object], iters: int, warmup: int = 1) -> float:
 
 def model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
                      recompute: str = "none", tp_mesh=None, dp_mesh=None,
-                     zero_stage: int = 3, barrier=None) -> dict[str, float]:
+                     zero_stage: int = 3, sequence_parallel: bool = False,
+                     barrier=None) -> dict[str, float]:
     """Median forward, backward and AdamW seconds of the runtime's model with ``layers``
-    layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given, under
-    FSDP2 (`runtime.parallelize.apply_dp` at ``zero_stage``) when ``dp_mesh`` is.
+    layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given (with
+    sequence parallelism when ``sequence_parallel``), under FSDP2
+    (`runtime.parallelize.apply_dp` at ``zero_stage``) when ``dp_mesh`` is.
     Arguments as `model_step_rows`."""
     rows = model_step_rows(spec, layers, micro_batch, iters, recompute=recompute,
                            tp_mesh=tp_mesh, dp_mesh=dp_mesh, zero_stage=zero_stage,
-                           barrier=barrier)
+                           sequence_parallel=sequence_parallel, barrier=barrier)
     return {k: statistics.median(r[j] for r in rows)
             for j, k in enumerate(("fwd", "bwd", "opt"))}
 
 
 def model_step_rows(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
                     recompute: str = "none", tp_mesh=None, dp_mesh=None,
-                    zero_stage: int = 3, barrier=None) -> list[tuple[float, float, float]]:
+                    zero_stage: int = 3, sequence_parallel: bool = False,
+                    barrier=None) -> list[tuple[float, float, float]]:
     """``(forward, backward, AdamW)`` seconds of each of ``iters`` timed steps (after two
     warm-up steps) of the runtime's model with ``layers`` layers on one (micro_batch,
-    seq_len) batch. ``barrier`` (a callable) runs before every step, so that processes timed
-    together start each step together; TP / FSDP2 as in `model_step_times`."""
+    seq_len) batch. ``recompute`` is `runtime.parallelize.apply_recompute`'s policy ("none",
+    "full", "selective"). ``barrier`` (a callable) runs before every step, so that processes
+    timed together start each step together; TP / SP / FSDP2 as in `model_step_times`."""
     import torch
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -53,7 +57,7 @@ def model_step_rows(spec: ModelSpec, layers: int, micro_batch: int, iters: int, 
 
     model = Transformer(spec.replace(num_layers=layers), seed=0)
     if tp_mesh is not None:
-        apply_tp(model, tp_mesh, loss_parallel=True)
+        apply_tp(model, tp_mesh, sequence_parallel=sequence_parallel, loss_parallel=True)
     apply_recompute(model, recompute)
     if dp_mesh is not None:
         model = apply_dp(model, dp_mesh, zero_stage=zero_stage)
@@ -172,16 +176,32 @@ def time_p2p(dist, size, iters):
 
 
 def time_pipeline_action(dist, world: int, micro_batches: int, iters: int, width: int,
-                         tokens: int) -> float:
-    """Seconds per 1F1B action (one forward or backward of one micro-batch on one stage,
-    with its send / receive) of ``torch.distributed.pipelining`` over ``world`` stages whose
-    compute is a tiny Linear on a (tokens, width) activation: the schedule's own cost."""
+                         tokens: int, virtual_stages: int = 1) -> float:
+    """Seconds per pipeline action (one forward or backward of one micro-batch on one stage
+    chunk, with its send / receive) of ``torch.distributed.pipelining`` over ``world`` ranks
+    whose compute is a tiny Linear on a (tokens, width) activation: the schedule's own cost.
+
+    ``virtual_stages`` = 1: `Schedule1F1B`, the step's critical path is 2·(m + world − 1)
+    actions; > 1: `ScheduleInterleaved1F1B` with that many chunks per rank (rank r holds
+    stages r, r + world, ...), 2·(m·v + world − 1) actions (Narayanan et al. 2021, §2.2.2).
+    ``micro_batches`` must be a multiple of ``world`` when interleaved."""
     import torch
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    rank = dist.get_rank()
-    stage = PipelineStage(torch.nn.Linear(width, width), rank, world, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, n_microbatches=micro_batches,
-                            loss_fn=lambda out, y: ((out - y) ** 2).mean())
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleInterleaved1F1B,
+    )
+    rank, v = dist.get_rank(), virtual_stages
+    stages = [PipelineStage(torch.nn.Linear(width, width), rank + c * world, world * v,
+                            torch.device("cpu")) for c in range(v)]
+
+    def loss_fn(out, y):
+        return ((out - y) ** 2).mean()
+    if v == 1:
+        schedule = Schedule1F1B(stages[0], n_microbatches=micro_batches, loss_fn=loss_fn)
+    else:
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches,
+                                           loss_fn=loss_fn)
     x = torch.randn(micro_batches, tokens, width)
 
     def step():
@@ -193,4 +213,4 @@ def time_pipeline_action(dist, world: int, micro_batches: int, iters: int, width
             schedule.step()
         dist.barrier()
     step_s = median_s(step, iters, warmup=2)
-    return step_s / (2 * (micro_batches + world - 1))
+    return step_s / (2 * (micro_batches * v + world - 1))

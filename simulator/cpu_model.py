@@ -13,22 +13,39 @@ layer fwd / bwd             the runtime's own model with 3 layers minus 1 layer 
                             backward timed apart, at several micro-batch sizes (piecewise linear
                             in tokens), with k processes computing at once (k = 1, 2, 4 here)
 layer bwd, recompute full   the same under ``checkpoint_wrapper`` (forward replayed)
+layer fwd / bwd, selective  the same under the runtime's selective policy (GEMM and attention
+                            outputs kept, the rest replayed in backward; the forward pays the
+                            checkpoint's dispatch mode), locally and under TP
 edges (embedding, head)     1-layer model minus one layer; embedding timed alone
 optimizer                   AdamW step on the 1- and 3-layer models' parameters
 TP layer / edges            the same two models under DTensor TP (``runtime.parallelize``) in a
                             gloo group of tp ranks, all world ranks busy: comm + dispatch
+TP + SP layer / edges       the same with sequence parallelism (reduce-scatter + all-gather),
+                            also under selective recomputation
 collectives, send/recv      gloo all-reduce, reduce-scatter, all-gather at 4 KiB - 16 MiB per
                             (world size, group size): the measured points (`at_size`), and
                             an alpha-beta fit for the preset-format ``collective`` section
-pipeline action             one 1F1B forward or backward of torch.distributed.pipelining on
-                            trivial stages (schedule bookkeeping + send/recv latency)
+pipeline action             one forward or backward of torch.distributed.pipelining on
+                            trivial stages (schedule bookkeeping + send/recv latency), of
+                            ``Schedule1F1B`` and of ``ScheduleInterleaved1F1B`` (2 chunks per
+                            rank); an interleaved rank pays it 2·v times per micro-batch
 ZeRO-3 layer / edges        the 1- and 3-layer models under FSDP2 over all ranks
 TP x DP layer / edges       the same under TP groups of 2 and FSDP2 across them
 ==========================  ==================================================================
 
 Ranks that share cores run at the speed measured with as many processes computing at once as
-the plan keeps busy on average: R ranks, or R·m/(m + pp − 1) in a pipeline whose ranks idle in
-the bubble (processor sharing; the per-rank time is interpolated between measured counts).
+the plan keeps busy on average: R ranks, or R·m·v/(m·v + pp − 1) in a pipeline (v chunks per
+rank) whose ranks idle in the bubble (processor sharing; the per-rank time is interpolated
+between measured counts).
+
+Composed rather than measured as such: selective recomputation under ZeRO-3 over all ranks
+and under TP x DP adds the selective minus plain layer times measured without FSDP (locally,
+or under TP) to the FSDP layer times (FSDP's gathers run in hooks outside the checkpointed
+block, so replaying it adds compute only); SP x DP is the TP + SP layer plus FSDP2's modelled
+gathers and reduce-scatters (as TP x DP with several micro-batches). Not covered (the caller's
+generic model): shapes or TP degrees not calibrated, and profiles written before a term
+existed.
+
 The k processes start every timed iteration together (a barrier) and the slowest one's time
 is kept: a synchronous step waits for its last rank, and with more processes than cores the
 last one finishes measurably later than the average (4 on 2 cores: about 5%).
@@ -173,12 +190,17 @@ class CpuProfile:
         g = min(groups, key=lambda n: (abs(n - group), -n))
         return fits[f"n{g}"]
 
-    def pipeline_action_s(self, world: int) -> float:
-        """Schedule + send/recv cost of one 1F1B action with ``world`` ranks running (0 when
-        the profile has none)."""
+    def pipeline_action_s(self, world: int, virtual_stages: int = 1) -> float:
+        """Seconds of schedule + send/recv cost of one pipeline action (one forward or
+        backward of one chunk) with ``world`` ranks running: of ``Schedule1F1B``, or with
+        ``virtual_stages`` > 1 of ``ScheduleInterleaved1F1B`` (measured with 2 chunks per
+        rank; the 1F1B figure for profiles that lack it); 0 when the profile has neither."""
         worlds = sorted(int(w) for w in self.collectives)
         w = next((x for x in worlds if x >= world), worlds[-1])
-        return float(self.collectives[w].get("pipeline_action_s", 0.0))
+        plain = float(self.collectives[w].get("pipeline_action_s", 0.0))
+        if virtual_stages > 1:
+            return float(self.collectives[w].get("pipeline_action_interleaved_s", plain))
+        return plain
 
     def collective_s(self, op: str, size_bytes: float, world: int, group: int) -> float:
         """Seconds of one ``op`` call of ``size_bytes`` (per rank buffer); 0 for one rank.
@@ -194,53 +216,110 @@ class CpuProfile:
 
 def active_ranks(plan: Plan) -> float:
     """Ranks computing at once on average: all of them, or in a pipeline the busy share
-    m / (m + pp − 1) of each rank's step (1F1B and GPipe have the same bubble).
+    m·v / (m·v + pp − 1) of each rank's step: 1F1B and GPipe idle (pp − 1) micro-batch
+    times, interleaved 1F1B with v chunks per rank (pp − 1) chunk times, a v-th of that
+    (Narayanan et al. 2021, §2.2.2).
 
     >>> active_ranks(Plan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, dtype="fp32"))
     2.909090909090909
+    >>> active_ranks(Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8, dtype="fp32",
+    ...                   schedule="interleaved-1f1b", virtual_stages=2))
+    1.8823529411764706
     """
-    m, pp = plan.num_microbatches, plan.pp
-    return plan.world_size * (m / (m + pp - 1) if pp > 1 else 1.0)
+    m, pp, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+    return plan.world_size * (m * v / (m * v + pp - 1) if pp > 1 else 1.0)
 
 
-def compute_terms(profile: CpuProfile, model: ModelSpec, plan: Plan) -> dict[str, float] | dict:
-    """Per-rank compute terms of ``plan`` (seconds per micro-batch for layers and edges,
-    per step for the optimizer), interpolated at the plan's active rank count.
+#: Per-micro-batch terms interpolated in tokens and in active ranks.
+LAYER_TERMS = ("layer_fwd", "layer_bwd", "layer_bwd_full", "edge_fwd", "edge_bwd")
+#: The layer under the runtime's selective recomputation policy.
+SELECTIVE_TERMS = ("layer_fwd_selective", "layer_bwd_selective")
 
-    Returns {} when the model shape or the plan's TP degree was not calibrated.
-    """
-    entry = profile.compute.get(shape_key(model))
-    if entry is None:
-        return {}
-    tokens = plan.micro_batch * model.seq_len
-    active = active_ranks(plan)
-    local = {int(k): v for k, v in entry["local"].items()}
+
+def _at(levels: dict, name: str, tokens: float, active: float) -> float:
+    # a {tokens: s} term at the plan's tokens, interpolated between measured process counts
+    return interpolate({k: at_tokens(v[name], tokens) for k, v in levels.items()}, active)
+
+
+def _has(levels: dict, names: tuple[str, ...]) -> bool:
+    return all(name in v for v in levels.values() for name in names)
+
+
+def _levels(entry: dict, plan: Plan) -> tuple[dict, bool] | None:
+    # ({active ranks: terms}, measured under FSDP2) for the plan's parallelism, or None
     zero3 = entry.get("zero3", {}).get(f"dp{plan.dp}") if zero3_measured(plan) else None
+    if plan.sequence_parallel:
+        # measured without DP; SP x DP adds FSDP2's modelled traffic, as TP x DP does with
+        # more than one micro-batch
+        sp = entry.get("tp_sp", {}).get(f"tp{plan.tp}")
+        return ({int(w): v for w, v in sp.items()}, False) if sp else None
     if not zero3 and plan.tp > 1 and plan.dp > 1 and plan.num_microbatches == 1:
         # TP x DP (FSDP2 on DTensor parameters), measured as such: gathers, reduce-scatters
         # and FSDP's per-parameter hooks included
         zero3 = entry.get("tp_dp", {}).get(f"tp{plan.tp}-dp{plan.dp}")
     if zero3:
-        levels = {int(w): v for w, v in zero3.items()}
-    elif plan.tp > 1:
+        return {int(w): v for w, v in zero3.items()}, True
+    if plan.tp > 1:
         tp = entry.get("tp", {}).get(f"tp{plan.tp}")
-        if not tp:
-            return {}
-        levels = {int(w): v for w, v in tp.items()}
-    else:
-        levels = local
-    out = {}
-    for name in ("layer_fwd", "layer_bwd", "layer_bwd_full", "edge_fwd", "edge_bwd"):
-        out[name] = interpolate({k: at_tokens(v[name], tokens) for k, v in levels.items()},
-                                active)
+        return ({int(w): v for w, v in tp.items()}, False) if tp else None
+    return {int(k): v for k, v in entry["local"].items()}, False
+
+
+def selective_terms(entry: dict, plan: Plan, levels: dict, fsdp: bool, tokens: float,
+                    active: float, plain: dict[str, float]) -> dict[str, float] | None:
+    """Seconds per micro-batch of one layer's forward and backward under selective
+    recomputation: measured as such (``layer_*_selective`` of ``levels``), or, for layer
+    times measured under FSDP2 (``fsdp``), those plus what selective adds to the same layer
+    without FSDP (the local terms, or the TP ones at the plan's TP degree), at the same tokens
+    and active rank count. None when the profile has neither.
+
+    ``plain`` holds the plan's ``layer_fwd`` / ``layer_bwd`` (seconds) from ``levels``.
+    """
+    if _has(levels, SELECTIVE_TERMS):
+        return {name: _at(levels, name, tokens, active) for name in SELECTIVE_TERMS}
+    if not fsdp:
+        return None
+    base = (entry.get("tp", {}).get(f"tp{plan.tp}") if plan.tp > 1 else entry["local"]) or {}
+    base = {int(k): v for k, v in base.items()}
+    if not base or not _has(base, SELECTIVE_TERMS):
+        return None
+    return {f"layer_{ph}_selective": plain[f"layer_{ph}"]
+            + _at(base, f"layer_{ph}_selective", tokens, active)
+            - _at(base, f"layer_{ph}", tokens, active) for ph in ("fwd", "bwd")}
+
+
+def compute_terms(profile: CpuProfile, model: ModelSpec, plan: Plan) -> dict[str, float] | dict:
+    """Per-rank compute terms of ``plan`` (seconds per micro-batch for layers and edges,
+    per step for the optimizer), interpolated at the plan's active rank count; with
+    selective recomputation also ``layer_fwd_selective`` / ``layer_bwd_selective``
+    (`selective_terms`).
+
+    Returns {} when the model shape, the plan's TP degree or one of its features
+    (sequence parallelism, selective recomputation) was not calibrated.
+    """
+    entry = profile.compute.get(shape_key(model))
+    if entry is None:
+        return {}
+    found = _levels(entry, plan)
+    if found is None:
+        return {}
+    levels, zero3 = found
+    tokens = plan.micro_batch * model.seq_len
+    active = active_ranks(plan)
+    local = {int(k): v for k, v in entry["local"].items()}
+    out = {name: _at(levels, name, tokens, active) for name in LAYER_TERMS}
     for name in ("emb_fwd", "emb_bwd"):
-        out[name] = interpolate({k: at_tokens(v[name], tokens) for k, v in local.items()},
-                                active)
+        out[name] = _at(local, name, tokens, active)
     for name in ("opt_layer_s", "opt_edge_s"):
         out[name] = interpolate({k: v[name] for k, v in levels.items()}, active)
     if plan.tp > 1 or zero3:
         # Recomputation under TP / ZeRO-3 replays the forward (its collectives included).
         out["layer_bwd_full"] = out["layer_bwd"] + out["layer_fwd"]
+    if plan.recompute == "selective":
+        sel = selective_terms(entry, plan, levels, zero3, tokens, active, out)
+        if sel is None:
+            return {}
+        out.update(sel)
     out["zero3_measured"] = bool(zero3)
     return out
 
@@ -289,74 +368,110 @@ def step_overhead_s(profile: CpuProfile, plan: Plan) -> float:
                                 plan.world_size)
 
 
+def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
+    """Parameters one TP rank holds of pipeline chunk ``chunk`` (pipeline order, pp·v
+    chunks): its blocks / tp, the input embedding on chunk 0, the output projection and final
+    norm on the last chunk (as `simulator.memory.stage_params`, which sums a rank's chunks).
+
+    >>> from planner.presets import load_model
+    >>> chunk_params(load_model("tiny-gpt"), Plan(tp=1, pp=2, dp=1, micro_batch=1,
+    ...     global_batch=8, dtype="fp32", schedule="interleaved-1f1b", virtual_stages=2), 1)
+    787456.0
+    """
+    sizes = plan.layers_per_stage(model)
+    params = sizes[chunk] * model.layer_params() / plan.tp
+    if chunk == 0:
+        params += model.embedding_params() / plan.tp
+    if chunk == len(sizes) - 1:
+        untied_or_split = not model.tied_embeddings or plan.pp > 1
+        params += untied_or_split * model.vocab_size * model.hidden / plan.tp
+        params += (2 if model.norm == "layernorm" else 1) * model.hidden
+    return float(params)
+
+
+def _fsdp_comm(profile: CpuProfile, plan: Plan, layers: int, grad_bytes: float,
+               m: int) -> tuple[float, float]:
+    # FSDP2: each block (and the chunk's root) all-gathers its shard before every forward
+    # (it reshards after backward); ZeRO-3 gathers again before the backward; the
+    # gradients reduce-scatter once per step (synced on the last micro-batch only).
+    world, units = plan.world_size, layers + 1
+    unit_bytes = grad_bytes / units
+    gather = profile.collective_s("all_gather", unit_bytes, world, plan.dp)
+    scatter = profile.collective_s("reduce_scatter", unit_bytes, world, plan.dp)
+    return units * gather, units * ((gather if plan.zero_stage == 3 else 0.0) + scatter / m)
+
+
+def _rank_tail(profile: CpuProfile, model: ModelSpec, plan: Plan, terms: dict, rank: int,
+               fsdp: bool) -> dict[str, float]:
+    # Once per step on pipeline rank ``rank``: DDP's reduction of each of its chunk modules,
+    # the step's loss all-gather, AdamW over its layers and its share of the edges.
+    chunks = plan.layers_per_stage(model)
+    mine = range(rank, len(chunks), plan.pp)
+    dp_comm = 0.0
+    if plan.dp > 1 and not fsdp:
+        # each bucket at its own size: with more ranks than cores the measured time is far
+        # from linear in bytes (`at_size`)
+        dp_comm = sum(profile.collective_s("all_reduce", size, plan.world_size, plan.dp)
+                      for c in mine
+                      for size in ddp_bucket_bytes(chunk_params(model, plan, c) * 4))
+    emb_share = model.embedding_params() / max(1.0, model.embedding_params()
+                                                + model.vocab_size * model.hidden)
+    optimizer = (sum(chunks[c] for c in mine) * terms["opt_layer_s"]
+                 + terms["opt_edge_s"] * ((rank == 0) * emb_share
+                                          + (rank == plan.pp - 1) * (1 - emb_share)))
+    return {"dp_comm_s": dp_comm + step_overhead_s(profile, plan),
+            "optimizer_s": optimizer / plan.dp if fsdp else optimizer}
+
+
 def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
-    """`simulator.costs.StageCosts` of every pipeline stage from the cluster's calibrated
-    profile; None when the profile does not cover the model shape, the TP degree or the plan's
-    features (sequence parallelism, selective recomputation, interleaving), so the caller falls
-    back to the generic per-op model.
+    """`simulator.costs.StageCosts` of every pipeline chunk (pp·v entries, pipeline order;
+    entry g runs on pipeline rank g % pp) from the cluster's calibrated profile; None when the
+    profile does not cover the model shape, the TP degree or the plan's features
+    (`compute_terms`), so the caller falls back to the generic per-op model.
 
     Layer and edge times come measured with their framework overhead (and, under TP, the TP
-    collectives and DTensor dispatch). DP and ZeRO-3 traffic is exposed, not overlapped: the
-    gloo reduction runs on the same cores as the backward. Measured on 4 ranks / 2 cores
-    (tiny-gpt, 2 sequences per rank): a DDP step's backward, 106-109 ms, equals a ``no_sync``
-    backward (60-67 ms) plus one all-reduce of the flattened 13 MB gradient run after it
-    (41-43 ms); DDP's bucketed overlap hides nothing when every core is busy computing.
+    collectives and DTensor dispatch). A chunk of an interleaved schedule is a stage with
+    fewer layers: each of its forwards and backwards pays the measured pipeline action, and
+    every chunk boundary is a send. Each rank's once-per-step costs (DP reduction of all its
+    chunks, optimizer, the step's loss all-gather) sit on its first chunk (g < pp). DP and
+    ZeRO-3 traffic is exposed, not overlapped: the gloo reduction runs on the same cores as
+    the backward. Measured on 4 ranks / 2 cores (tiny-gpt, 2 sequences per rank): a DDP
+    step's backward, 106-109 ms, equals a ``no_sync`` backward (60-67 ms) plus one
+    all-reduce of the flattened 13 MB gradient run after it (41-43 ms); DDP's bucketed
+    overlap hides nothing when every core is busy computing.
     """
     from simulator.costs import StageCosts
-    from simulator.memory import stage_params
 
     profile: CpuProfile | None = getattr(cluster, "cpu_costs", None)
-    if (profile is None or plan.sequence_parallel or plan.recompute == "selective"
-            or plan.virtual_stages > 1):
+    if profile is None:
         return None
     terms = compute_terms(profile, model, plan)
     if not terms:
         return None
     world, pp, m = plan.world_size, plan.pp, plan.num_microbatches
-    layers_of = plan.layers_per_stage(model)
-    bwd_layer = terms["layer_bwd_full" if plan.recompute == "full" else "layer_bwd"]
+    chunks = plan.layers_per_stage(model)
+    selective = plan.recompute == "selective"
+    fwd_layer = terms["layer_fwd_selective" if selective else "layer_fwd"]
+    bwd_layer = terms[{"full": "layer_bwd_full", "selective": "layer_bwd_selective",
+                       "none": "layer_bwd"}[plan.recompute]]
     head_fwd = max(0.0, terms["edge_fwd"] - terms["emb_fwd"])
     head_bwd = max(0.0, terms["edge_bwd"] - terms["emb_bwd"])
-    emb_share = model.embedding_params() / max(1.0, model.embedding_params()
-                                                + model.vocab_size * model.hidden)
     act_bytes = plan.micro_batch * model.seq_len * model.hidden * 4       # fp32 (B, T, h)
     fsdp = uses_fsdp(plan) and not terms["zero3_measured"]     # else measured with the layers
+    # a pipeline chunk pays the schedule's own cost per action (measured with its send /
+    # receive latency on trivial stages); the activation bytes travel at p2p rate
+    action = profile.pipeline_action_s(world, plan.virtual_stages) if pp > 1 else 0.0
+    p2p = act_bytes / profile.collective("p2p", world, 2)["bandwidth_Bps"] if pp > 1 else 0.0
     out = []
-    for g, layers in enumerate(layers_of):
-        first, last = g == 0, g == len(layers_of) - 1
-        # a pipeline stage pays the schedule's own cost per action (measured with its
-        # send / receive latency on trivial stages); the activation bytes travel at p2p rate
-        action = profile.pipeline_action_s(world) if pp > 1 else 0.0
-        fwd = layers * terms["layer_fwd"] + first * terms["emb_fwd"] + last * head_fwd + action
+    for g, layers in enumerate(chunks):
+        rank, first, last = g % pp, g == 0, g == len(chunks) - 1
+        fwd = layers * fwd_layer + first * terms["emb_fwd"] + last * head_fwd + action
         bwd = layers * bwd_layer + first * terms["emb_bwd"] + last * head_bwd + action
-        fwd_comm = bwd_comm = 0.0
-        params = stage_params(model, plan, g)
-        grad_bytes = params * 4
-        dp_comm = 0.0
-        if fsdp:
-            # FSDP2: each block (and the root) all-gathers its shard before every forward
-            # (it reshards after backward); ZeRO-3 gathers again before the backward; the
-            # gradients reduce-scatter once per step (synced on the last micro-batch only).
-            units = layers + 1
-            unit_bytes = grad_bytes / units
-            gather = profile.collective_s("all_gather", unit_bytes, world, plan.dp)
-            scatter = profile.collective_s("reduce_scatter", unit_bytes, world, plan.dp)
-            fwd_comm = units * gather
-            bwd_comm = units * ((gather if plan.zero_stage == 3 else 0.0)
-                                + scatter / m)
-        elif plan.dp > 1:
-            # each bucket at its own size: with more ranks than cores the measured time is
-            # far from linear in bytes (`at_size`)
-            dp_comm = sum(profile.collective_s("all_reduce", size, world, plan.dp)
-                          for size in ddp_bucket_bytes(grad_bytes))
-        optimizer = (layers * terms["opt_layer_s"]
-                     + terms["opt_edge_s"] * (first * emb_share + last * (1 - emb_share)))
-        if uses_fsdp(plan) and not terms["zero3_measured"]:
-            optimizer /= plan.dp
-        p2p = (act_bytes / profile.collective("p2p", world, 2)["bandwidth_Bps"]
-               if pp > 1 else 0.0)
+        grad_bytes = chunk_params(model, plan, g) * 4
+        fwd_comm, bwd_comm = _fsdp_comm(profile, plan, layers, grad_bytes, m) if fsdp else (
+            0.0, 0.0)
+        tail = _rank_tail(profile, model, plan, terms, rank, fsdp) if g < pp else {}
         out.append(StageCosts(
             fwd_compute_s=fwd, bwd_compute_s=bwd, fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm,
-            p2p_fwd_s=p2p if not last else 0.0, p2p_bwd_s=p2p if not first else 0.0,
-            dp_comm_s=dp_comm + step_overhead_s(profile, plan), optimizer_s=optimizer))
+            p2p_fwd_s=p2p if not last else 0.0, p2p_bwd_s=p2p if not first else 0.0, **tail))
     return out
