@@ -58,7 +58,7 @@ def _ms(seconds: float) -> str:
 
 COMPARE_TABLE = {"id": ("plan", None), "world_size": ("ranks", None),
                  "predicted_step_time_s": ("pred ms", _ms), "measured_step_time_s": ("meas ms", _ms),
-                 "rel_error": ("error", fmt_pct),
+                 "rel_error": ("error", lambda x: f"{100 * x:+.1f}%"),
                  "predicted_tokens_per_s": ("pred tok/s", fmt_rate),
                  "measured_tokens_per_s": ("meas tok/s", fmt_rate),
                  "measured_mfu": ("meas MFU", fmt_pct)}
