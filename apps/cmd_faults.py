@@ -10,25 +10,10 @@ from planner.spec import PlanError
 
 
 def add_run_fault_args(parser: argparse.ArgumentParser) -> None:
-    """--checkpoint-every, --keep, --resume, --inject, --timeout-s, --on-nan, --max-restarts."""
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
-                             "steps into OUT/checkpoints (default 0: none)")
-    parser.add_argument("--keep", type=int, default=2, metavar="N",
-                        help="newest checkpoints kept (default 2)")
-    parser.add_argument("--resume", metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR (a run "
-                             "folder: its checkpoints/)")
-    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                        help="inject a fault, repeatable: kill:rank=R,step=S, "
-                             "hang:rank=R,step=S, slow:rank=R,factor=F, "
-                             "corrupt-checkpoint:step=S, nan:step=S")
-    parser.add_argument("--timeout-s", type=float, metavar="S",
-                        help="collective timeout in seconds (a hung rank becomes an error)")
-    parser.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
-                        help="a NaN loss stops the run (default) or skips the step's update")
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="torchrun restarts of the whole group after a failure")
+    """--checkpoint-every, --keep, --resume, --inject, --timeout-s, --on-nan, --max-restarts
+    (`runtime.faults.add_fault_args`, the flags ``runtime.train`` takes too)."""
+    from runtime.faults import add_fault_args
+    add_fault_args(parser, launcher=True)
 
 
 def run_fault_kwargs(args: argparse.Namespace) -> dict:

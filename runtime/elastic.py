@@ -42,32 +42,6 @@ import torch.distributed as dist
 from runtime.checkpoint import CheckpointManager, list_checkpoints, rng_state, set_rng_state
 from runtime.faults import Injector, parse_faults, plan_file_faults
 
-#: NaN loss policies: stop the run with an error, or skip the step's update.
-ON_NAN = ("stop", "skip")
-
-
-def add_fault_args(parser: argparse.ArgumentParser) -> None:
-    """The fault-tolerance flags of ``runtime.train``."""
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="asynchronous checkpoint every K steps (0: none)")
-    parser.add_argument("--keep", type=int, default=2, metavar="N",
-                        help="newest checkpoints kept (default 2)")
-    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                        help="where checkpoints go (default: OUT/checkpoints)")
-    parser.add_argument("--resume", default=None, metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR (a run folder: "
-                             "its checkpoints/)")
-    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                        help="inject a fault (repeatable): kill:rank=R,step=S, "
-                             "hang:rank=R,step=S, slow:rank=R,factor=F, "
-                             "corrupt-checkpoint:step=S, nan:step=S")
-    parser.add_argument("--timeout-s", type=float, default=None, metavar="S",
-                        help="collective timeout in seconds: a hung rank becomes an error")
-    parser.add_argument("--on-nan", choices=ON_NAN, default="stop",
-                        help="a NaN loss stops the run with an error, or skips the update")
-    parser.add_argument("--sync-checkpoint", action="store_true",
-                        help="blocking dcp.save instead of async_save (for measurements)")
-
 
 def fault_args_error(args: argparse.Namespace, world: int | None = None) -> str | None:
     """The first problem with the fault flags (checked before any collective), or None.

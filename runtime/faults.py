@@ -22,6 +22,7 @@ not kill rank 1 again).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -42,6 +43,41 @@ OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"slow": ("step",)}
 #: Seconds a hung rank sleeps: far longer than any collective timeout.
 HANG_S = 3600.0
 
+
+#: NaN loss policies: stop the run with an error, or skip the step's update.
+ON_NAN = ("stop", "skip")
+
+
+def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -> None:
+    """The fault-tolerance flags, shared by ``runtime.train`` and ``meshplan run``
+    (``launcher=True``: adds ``--max-restarts`` and leaves out the per-process
+    ``--checkpoint-dir`` and ``--sync-checkpoint``)."""
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
+                             "steps into OUT/checkpoints (default 0: none)")
+    parser.add_argument("--keep", type=int, default=2, metavar="N",
+                        help="newest checkpoints kept (default 2)")
+    if not launcher:
+        parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                            help="where checkpoints go (default: OUT/checkpoints)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="start from the newest valid checkpoint in DIR (a checkpoint "
+                             "folder, or a run folder: its checkpoints/)")
+    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                        help="inject a fault (repeatable): kill:rank=R,step=S, "
+                             "hang:rank=R,step=S, slow:rank=R,factor=F, "
+                             "corrupt-checkpoint:step=S, nan:step=S")
+    parser.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                        help="collective timeout in seconds: a hung rank becomes an error")
+    parser.add_argument("--on-nan", choices=ON_NAN, default="stop",
+                        help="a NaN loss stops the run with an error (default), or skips "
+                             "the step's update")
+    if launcher:
+        parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                            help="torchrun restarts of the whole group after a failure")
+    else:
+        parser.add_argument("--sync-checkpoint", action="store_true",
+                            help="blocking dcp.save instead of async_save (for measurements)")
 
 @dataclass(frozen=True, kw_only=True)
 class Fault:

@@ -44,13 +44,8 @@ from torch.distributed.tensor.parallel import loss_parallel
 from planner.planfile import PlanFile, read_plan_file
 from planner.spec import PlanError, check_plan
 from runtime.data import ByteBatches, read_corpus
-from runtime.elastic import (
-    Resilience,
-    StopTraining,
-    add_fault_args,
-    fault_args_error,
-    resume_folder,
-)
+from runtime.elastic import Resilience, StopTraining, fault_args_error, resume_folder
+from runtime.faults import add_fault_args
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
@@ -108,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch.save the full parameters after the last step (rank 0)")
     parser.add_argument("--profile", action="store_true",
                         help="write a torch profiler Chrome trace per rank into --out")
-    add_fault_args(parser)      # --checkpoint-every, --resume, --inject, ... (runtime.elastic)
+    add_fault_args(parser)      # --checkpoint-every, --resume, --inject, ... (runtime.faults)
     return parser.parse_args(argv)
 
 
