@@ -156,6 +156,24 @@ def gemm_time_s(m: int, n: int, k: int, peak_flops: float, eff: Efficiency,
     return flops / (peak_flops * eff.gemm_max_fraction * wave * sat) + eff.kernel_s
 
 
+def megatron_fused_softmax(micro_batch: int, heads_per_rank: int, seq_len: int,
+                           dtype: str) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel runs for these scores.
+
+    Megatron-LM's ``FusedScaleMaskSoftmax.is_kernel_available`` takes the fused CUDA kernel
+    only for 16-bit input with ``16 < s <= 4096``, ``s % 4 == 0`` and ``b · np % 4 == 0``
+    (b the micro-batch, np the heads per TP rank; the causal kernel's 4 batches per block).
+    Otherwise it falls back to five PyTorch kernels in fp32 (cast, scale, mask, softmax,
+    cast back; query-key layer scaling forces fp32), which matter where a step is bound by
+    kernel launches.
+
+    >>> megatron_fused_softmax(2, 2, 1024, "fp16"), megatron_fused_softmax(1, 2, 1024, "fp16")
+    (True, False)
+    """
+    return (dtype in ("fp16", "bf16") and 16 < seq_len <= 4096 and seq_len % 4 == 0
+            and micro_batch * heads_per_rank % 4 == 0)
+
+
 def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
                       attention: Attention, dtype: str) -> list[Op]:
     """Forward ops of one block on one TP rank (see the module table)."""
@@ -171,8 +189,17 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
                       rate=TRITON_FLASH_RATE if attention == "flash-triton" else 1.0))
     else:
         scores = micro_batch * heads * s * s
-        ops += [Op("attn-qk", m=s, n=s, k=model.head_dim, count=micro_batch * heads),
-                Op("attn-softmax", bytes=2 * scores * d),
+        ops.append(Op("attn-qk", m=s, n=s, k=model.head_dim, count=micro_batch * heads))
+        if megatron_fused_softmax(micro_batch, heads, s, dtype):
+            ops.append(Op("attn-softmax", bytes=2 * scores * d))
+        else:
+            # The unfused fallback in fp32: cast up, scale, mask, softmax, cast down.
+            ops += [Op("attn-softmax-cast", bytes=scores * (d + 4)),
+                    Op("attn-softmax-scale", bytes=8 * scores),
+                    Op("attn-softmax-mask", bytes=8 * scores),
+                    Op("attn-softmax", bytes=8 * scores),
+                    Op("attn-softmax-uncast", bytes=scores * (4 + d))]
+        ops += [
                 Op("attn-dropout", bytes=2 * scores * d + scores),
                 Op("attn-av", m=s, n=model.head_dim, k=s, count=micro_batch * heads)]
     ops += [Op("out-proj", m=t, n=h, k=h // tp),
@@ -187,7 +214,9 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
     return ops
 
 
-ATTENTION_CORE = ("attn-core", "attn-qk", "attn-softmax", "attn-dropout", "attn-av")
+ATTENTION_CORE = ("attn-core", "attn-qk", "attn-softmax", "attn-softmax-cast",
+                  "attn-softmax-scale", "attn-softmax-mask", "attn-softmax-uncast",
+                  "attn-dropout", "attn-av")
 
 
 def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> float:

@@ -12,11 +12,13 @@ Defaults (never tuned per row):
   the pipeline get the larger stages first (DeepSpeed / Megatron balanced split).
 * vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257, fp16, full recomputation, 1F1B, unfused
   attention, blocking P2P (with the fitted Megatron-DeepSpeed send/recv overhead), gradients
-  all-reduced after the backward without bucketing; cluster ``vtrain-a100`` (150 GB/s
-  intra-node, 800 Gb/s per node).
+  all-reduced after the backward without bucketing; cluster ``vtrain-a100`` (DGX A100
+  NVSwitch, which matches the cluster's own nccl-tests; 800 Gb/s per node).
 * Megatron-LM 2020-2022 on Selene / DGX A100 (Narayanan et al. 2021; Korthikanti et al.
   2022; the 2020 README): fp16, unfused attention, no DP overlap; micro-batch 1 when not
-  given (2020 README rows: the per-GPU batch, no accumulation); full recomputation when not
+  given (2020 README rows: the per-GPU batch, no accumulation; Narayanan et al. Table 1 rows:
+  micro-batch, interleaving and DDP overlap from the authors' ``examples/sc21/
+  run_table_1.sh``, `SC21_TABLE_1`); full recomputation when not
   given; blocking P2P; cluster ``dgx-a100`` (8 x 200 Gb/s HDR per node), or
   ``dgx-a100-40gb`` for the 2020 README rows (A100 40 GB: 1,555 GB/s HBM; the 80 GB DGX A100
   shipped from November 2020, after those runs). The ZeRO-3 rows of
@@ -53,10 +55,20 @@ from pathlib import Path
 from planner.spec import ModelSpec, Plan, PlanError
 from simulator.cluster import Cluster, load_cluster
 from simulator.compute import load_framework
-from simulator.costs import SimOptions
+from simulator.costs import DP_BUCKET_BYTES, SimOptions
 from simulator.simulate import estimate, simulate
 
 CLUSTER_DIR = Path(__file__).with_name("presets") / "validation_clusters"
+#: Narayanan et al. 2021 Table 1 as launched by the authors' released script
+#: (Megatron-LM ``examples/sc21/run_table_1.sh``): (hidden, layers) -> (micro-batch,
+#: layers per virtual stage or None, gradient reduction overlapped with the backward: the
+#: script's ``DDP=torch``; ``DDP=local`` reduces after the backward).
+SC21_TABLE_1 = {
+    (2304, 24): (16, None, True), (3072, 30): (16, None, True), (4096, 36): (16, None, True),
+    (6144, 40): (8, None, True), (8192, 48): (4, None, False), (10240, 60): (2, 5, False),
+    (12288, 80): (2, 5, False), (16384, 96): (1, 3, False), (20480, 105): (1, 1, False),
+    (25600, 128): (1, None, False),
+}
 #: DeepSpeed ZeRO-3 defaults (DeepSpeed configuration docs, ``zero_optimization``):
 #: ``stage3_prefetch_bucket_size`` 5e7 parameters, ``overlap_comm`` false.
 DEEPSPEED_PREFETCH_PARAMS = 5e7
@@ -192,7 +204,12 @@ def _published_case(row: dict) -> RunCase:
     tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     gb = int(row["global_batch"])
     mb = _num(row["micro_batch"])
-    if mb is None:
+    sc21 = SC21_TABLE_1.get((h, layers)) if "Table 1" in row["table"] and \
+        "Narayanan" in row["source"] else None
+    if mb is None and sc21:
+        mb = sc21[0]
+        flags.append(f"micro_batch={mb} (examples/sc21/run_table_1.sh)")
+    elif mb is None:
         mb = gb // dp if "2020" in row["source"] else 1
         flags.append(f"micro_batch={int(mb)} (default)")
     rec = (row["recompute"] or "").strip().lower()
@@ -223,7 +240,10 @@ def _published_case(row: dict) -> RunCase:
             flags.append(f"zero_stage={zero} (default)")
     vpp = _num(row["vpp"])
     v = int(vpp) if vpp else 1
-    if vpp is None and pp > 1 and fam in ("megatron", "megatron-core"):
+    if vpp is None and sc21 and pp > 1:
+        v = layers // pp // sc21[1] if sc21[1] else 1
+        flags.append(f"virtual_stages={v} (examples/sc21/run_table_1.sh)")
+    elif vpp is None and pp > 1 and fam in ("megatron", "megatron-core"):
         flags.append("no interleaving (default)")
     model = ModelSpec(name=row["model"], num_layers=layers, hidden=h, num_heads=a,
                       num_kv_heads=int(kv) if kv else a,
@@ -237,6 +257,10 @@ def _published_case(row: dict) -> RunCase:
         if split:
             flags.append(f"stage_layers={list(split)}")
     old = fam == "megatron" or fam == "bloom"
+    overlap = sc21[2] if sc21 else not old
+    if sc21:
+        flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
+                     " (examples/sc21/run_table_1.sh)")
     dtype = "fp16" if fam == "megatron" else "bf16"
     plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
@@ -248,7 +272,8 @@ def _published_case(row: dict) -> RunCase:
                          attention="unfused" if old else
                          "flash-triton" if fam == "mpt" else "flash",
                          tp_comm_overlap=fam == "megatron-core",
-                         dp_bucket_bytes=None if old else 40e6, blocking_p2p=fam != "mpt",
+                         dp_bucket_bytes=DP_BUCKET_BYTES if overlap and old else
+                         None if old else 40e6, blocking_p2p=fam != "mpt",
                          zero3_unaggregated=fam == "megatron" and zero == 3,
                          zero3_prefetch_params=DEEPSPEED_PREFETCH_PARAMS
                          if fam == "megatron" and zero == 3 else None,
@@ -262,7 +287,7 @@ def _published_case(row: dict) -> RunCase:
             flags.append("gpu=a100-sxm-40gb (default: 2020 DGX A100)")
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
-                   overlap_dp=not old, reference_step_time_s=float(row["ref_step_time_s"]),
+                   overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
                    flags=tuple(flags))
 
 

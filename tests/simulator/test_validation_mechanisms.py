@@ -117,3 +117,51 @@ def test_deepspeed_partition_counts_the_tied_embedding_as_a_layer_on_both_ends()
     assert split[0] == 6 and max(split) == 7
     # 70 layers + 2 = 72 units = 6 x 12: the BLOOM 176B split, first and last 5 layers.
     assert deepspeed_split(70, 12) == (5,) + (6,) * 10 + (5,)
+
+
+def test_megatron_softmax_falls_back_to_five_fp32_kernels_when_b_times_heads_is_not_a_multiple_of_4():
+    # Megatron-LM FusedScaleMaskSoftmax.is_kernel_available: fp16/bf16, 16 < s <= 4096,
+    # s % 4 == 0 and b * np % 4 == 0. 16 heads on tp8 = 2 per rank: b=1 -> 2 (fallback),
+    # b=2 -> 4 (fused).
+    from simulator.compute import layer_forward_ops, megatron_fused_softmax
+    from planner.spec import ModelSpec
+    assert megatron_fused_softmax(2, 2, 1024, "fp16")
+    assert not megatron_fused_softmax(1, 2, 1024, "fp16")
+    assert not megatron_fused_softmax(4, 4, 8192, "fp16")     # s > 4096
+    assert not megatron_fused_softmax(4, 4, 1024, "fp32")     # fp32 input
+    m = ModelSpec(name="gpt-h1024", num_layers=24, hidden=1024, num_heads=16,
+                  num_kv_heads=16, ffn_hidden=4096, vocab_size=50257, seq_len=1024,
+                  activation="gelu")
+    fused = layer_forward_ops(m, 2, 8, False, "unfused", "fp16")
+    fallback = layer_forward_ops(m, 1, 8, False, "unfused", "fp16")
+    assert len(fallback) == len(fused) + 4
+    scores = 1 * 2 * 1024 * 1024            # b * heads per rank * s * s
+    soft = [o for o in fallback if o.name.startswith("attn-softmax")]
+    # cast up (2 + 4 B), scale, mask, softmax (4 + 4 B each), cast down (4 + 2 B).
+    assert sum(o.bytes for o in soft) == scores * (6 + 8 + 8 + 8 + 6)
+    # FlashAttention does not use it.
+    assert not any(o.name.startswith("attn-softmax")
+                   for o in layer_forward_ops(m, 1, 8, False, "flash", "fp16"))
+
+
+def test_narayanan_table_1_rows_take_the_released_launch_script_settings():
+    # Megatron-LM examples/sc21/run_table_1.sh: 18B MBS=8 DDP=torch; 76B MBS=2 with 5 layers
+    # per virtual stage (60 layers / pp 4 = 15 -> 3 virtual stages), DDP=local.
+    from simulator.validate import read_runs
+    from tests.validation.test_runs_validation import FILES
+    if not FILES["published"].is_file():
+        pytest.skip("reference data not found")
+    cases = {c.model.name: c for c in read_runs(FILES["published"])
+             if c.id in {"r003", "r005"}}
+    c18, c76 = cases["GPT 18.4B"], cases["GPT 76.1B"]
+    assert (c18.plan.micro_batch, c18.plan.virtual_stages, c18.overlap_dp) == (8, 1, True)
+    assert (c76.plan.micro_batch, c76.plan.virtual_stages, c76.overlap_dp) == (2, 3, False)
+    assert any("run_table_1.sh" in f for f in c18.flags)
+
+
+def test_vtrain_cluster_all_reduce_matches_its_own_nccl_tests_within_10_percent():
+    # vTrain's nccl-tests on 8 A100s of its cluster: 256 MiB all-reduce in 2.162 ms
+    # (busbw 217 GB/s, ../shared/data/vtrain/nccl_allreduce_a100/allreduce_8gpu.csv).
+    c = validation_cluster("vtrain-a100", 1)
+    t = collective_time_s(c, "all_reduce", 256 * 2**20, list(range(8)))
+    assert t == pytest.approx(2.1623e-3, rel=0.10)
