@@ -123,8 +123,8 @@ def test_megatron_softmax_falls_back_to_five_fp32_kernels_when_b_times_heads_is_
     # Megatron-LM FusedScaleMaskSoftmax.is_kernel_available: fp16/bf16, 16 < s <= 4096,
     # s % 4 == 0 and b * np % 4 == 0. 16 heads on tp8 = 2 per rank: b=1 -> 2 (fallback),
     # b=2 -> 4 (fused).
-    from simulator.compute import layer_forward_ops, megatron_fused_softmax
     from planner.spec import ModelSpec
+    from simulator.compute import layer_forward_ops, megatron_fused_softmax
     assert megatron_fused_softmax(2, 2, 1024, "fp16")
     assert not megatron_fused_softmax(1, 2, 1024, "fp16")
     assert not megatron_fused_softmax(4, 4, 8192, "fp16")     # s > 4096
