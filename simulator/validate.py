@@ -10,7 +10,8 @@ Defaults (never tuned per row):
 * every row: ffn = 4h, kv_heads = heads, GeLU MLP, LayerNorm, untied output projection, no
   dropout changes; vocab 51,200 for Megatron GPT rows; layers that do not split evenly over
   the pipeline get the larger stages first (DeepSpeed / Megatron balanced split).
-* vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257, fp16, full recomputation, 1F1B, unfused
+* vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257 (padded as Megatron pads it,
+  `megatron_padded_vocab`), fp16, full recomputation, 1F1B, unfused
   attention, blocking P2P (with the fitted Megatron-DeepSpeed send/recv overhead), gradients
   all-reduced after the backward without bucketing; cluster ``vtrain-a100`` (DGX A100
   NVSwitch, which matches the cluster's own nccl-tests; 800 Gb/s per node).
@@ -291,12 +292,24 @@ def _published_case(row: dict) -> RunCase:
                    flags=tuple(flags))
 
 
+def megatron_padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """The embedding rows Megatron allocates for ``vocab`` tokens: padded up to a multiple of
+    ``divisible_by · tp`` (``--make-vocab-size-divisible-by``, default 128), so each TP rank
+    holds an equal, aligned share of the logits GEMM.
+
+    >>> megatron_padded_vocab(50257, 1), megatron_padded_vocab(50257, 8)
+    (50304, 51200)
+    """
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
 def _vtrain_case(row: dict, index: int, prefix: str) -> RunCase:
     h, a, layers = int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"])
     tp, pp, dp = (int(row[k]) for k in ("tensor parallelism", "pipeline parallelism",
                                         "data parallelism"))
     model = ModelSpec(name=f"GPT h{h} L{layers}", num_layers=layers, hidden=h, num_heads=a,
-                      num_kv_heads=a, ffn_hidden=4 * h, vocab_size=50257,
+                      num_kv_heads=a, ffn_hidden=4 * h, vocab_size=megatron_padded_vocab(50257, tp),
                       seq_len=int(row["sequence length"]), activation="gelu")
     split = balanced_split(layers, pp)
     plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(row["micro batch"]),
