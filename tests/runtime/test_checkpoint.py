@@ -36,13 +36,15 @@ def make_state(seed: int = 0):
     return model, optimizer
 
 
-def train_steps(model, optimizer, steps: int, start: int = 0) -> list[float]:
+def train_steps(model, optimizer, steps: int, start: int = 0,
+                before_step=lambda: None) -> list[float]:
     losses = []
     for k in range(start, start + steps):
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(k))   # (B, 8)
         optimizer.zero_grad()
         loss = model(x).square().mean()
         loss.backward()
+        before_step()
         optimizer.step()
         losses.append(float(loss.detach()))
     return losses
@@ -54,7 +56,9 @@ def test_resume_continues_bitwise(tmp_path, asynchronous):
     manager = CheckpointManager(tmp_path, [model], optimizer, asynchronous=asynchronous)
     train_steps(model, optimizer, 3)
     manager.save(3, {"rng": rng_state(), "note": "three"})
-    expected = train_steps(model, optimizer, 2, start=3)      # keeps training meanwhile
+    # Training goes on while the save runs; as in the training loop (runtime/elastic.py), the
+    # in-place optimizer step waits for the background copy (wait_staged): no torn checkpoint.
+    expected = train_steps(model, optimizer, 2, start=3, before_step=manager.wait_staged)
     manager.wait()
 
     fresh, fresh_opt = make_state(seed=1)
