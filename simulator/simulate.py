@@ -276,9 +276,10 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
                       virtual_stages: int = 1) -> tuple[float, float, float]:
     """Closed form of `simulate_pipeline`: ``(step_s, compute_s, comm_s)``.
 
-    With c_g = t_f + t_b of virtual stage g and v chunks per rank: step =
-    (m·v − 1)·max_g c_g + Σ_rank max_chunk c + P2P of one fill and one drain +
-    max_rank(exposed DP + optimizer + weight gather). For equal stages and free P2P this is
+    With c_g = t_f + t_b of virtual stage g, v chunks per rank and R_r = Σ_{g on rank r} c_g
+    (one micro-batch's work on rank r): step = m·max_r R_r + (Σ_r R_r − max_r R_r)/v + P2P
+    of one fill and one drain + max_rank(exposed DP + optimizer + weight gather): the busiest
+    rank's m rounds plus the fill and drain through the others, 1/v of a round each. For equal stages and free P2P this is
     (m + p − 1)(t_f + t_b) + ... for 1F1B / GPipe and (m·v + p − 1)·(t_f + t_b)/v interleaved
     (Narayanan et al. 2021, §2.2). The critical rank is the busiest one.
     """
@@ -287,8 +288,8 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
     per_mb = [c.fwd_compute_s + c.bwd_compute_s + c.fwd_comm_s + c.bwd_comm_s for c in costs]
     p2p = sum(c.p2p_fwd_s + c.p2p_bwd_s for c in costs[:pp])
     tails = [exposed_dp_s(c, overlap_dp) + c.optimizer_s + c.dp_gather_s for c in costs[:pp]]
-    step = ((m * v - 1) * max(per_mb) + sum(max(per_mb[r::pp]) for r in range(pp)) + p2p
-            + max(tails))
+    rank_work = [sum(per_mb[r::pp]) for r in range(pp)]
+    step = m * max(rank_work) + (sum(rank_work) - max(rank_work)) / v + p2p + max(tails)
     crit = max(range(pp), key=lambda r: sum(per_mb[r::pp]))
     mine, tail = costs[crit::pp], costs[crit]
     compute = m * sum(c.fwd_compute_s + c.bwd_compute_s for c in mine) + tail.optimizer_s

@@ -1,7 +1,6 @@
 """Cluster presets, topology and load errors."""
 
 import os
-import time
 
 import pytest
 
@@ -36,12 +35,11 @@ def test_cross_leaf_path_goes_through_a_spine():
     assert cluster.link(0, 32 * 8).hops == 6 and cluster.link(0, 8).hops == 4
 
 
-def test_16384_gpu_cluster_builds_and_queries_fast():
-    start = time.perf_counter()
+def test_16384_gpu_cluster_builds_and_queries():
+    # Speed: benchmarks/simulator_bench.py.
     cluster = load_cluster("dgx-h100", nodes=2048)
-    cluster.link(0, 16383)
+    assert cluster.link(0, 16383).hops > cluster.link(0, 8).hops
     assert cluster.num_devices == 16384
-    assert time.perf_counter() - start < 1.0
 
 
 def test_device_peak_names_missing_dtype():

@@ -1,7 +1,6 @@
 """Node types, fabrics and user cluster files: what they build and how bad input is told."""
 
 import math
-import time
 
 import networkx as nx
 import pytest
@@ -58,10 +57,9 @@ def test_roce_costs_more_latency_than_infiniband():
     assert roce.link(0, 8).bandwidth_Bps == ib.link(0, 8).bandwidth_Bps
 
 
-def test_three_tiers_for_16384_gpus_build_fast():
-    start = time.perf_counter()
+def test_three_tiers_for_16384_gpus():
+    # Build speed: benchmarks/simulator_bench.py.
     cluster = load_cluster("dgx-h100", nodes=2048)
-    assert time.perf_counter() - start < 1.0
     assert cluster.tiers == 3 and summary(cluster)["switches"]["core"] > 0
     # GPU -> NIC -> leaf -> spine -> core -> spine -> leaf -> NIC -> GPU
     assert cluster.link(0, 16383 - 7).hops == 8

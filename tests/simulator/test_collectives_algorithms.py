@@ -1,7 +1,6 @@
 """Collective algorithms on clusters: textbook cases, algorithm choice, contention, speed."""
 
 import math
-import time
 
 import pytest
 import yaml
@@ -126,16 +125,14 @@ def test_all_to_all_across_nodes_is_bound_by_the_nics():
     assert across.busbw_Bps < inside.busbw_Bps / 3
 
 
-def test_16384_gpu_dp_allreduce_costs_fast_and_once():
+def test_16384_gpu_dp_allreduce_costs():
+    # Speed (first call and the cached second): benchmarks/simulator_bench.py.
     cluster = load_cluster("dgx-h100", nodes=2048)
     plan = Plan(tp=8, pp=1, dp=2048, micro_batch=1, global_batch=2048)
-    start = time.perf_counter()
     first = collective_time_s(cluster, "all_reduce", 2**30, group_devices(plan, "dp"))
-    took = time.perf_counter() - start
-    start = time.perf_counter()
     again = collective_time_s(cluster, "all_reduce", 2**31, group_devices(plan, "dp"))
-    assert took < 1.0 and time.perf_counter() - start < 0.01
-    assert math.isfinite(first) and again > first
+    # Twice the bytes: more time, less than twice (the latency part does not grow).
+    assert math.isfinite(first) and first < again < 2 * first
 
 
 def test_scaled_links_scale_the_library_costs_too():

@@ -1,7 +1,6 @@
 """Step simulation: exact bubble, monotone in bandwidth, closed form agrees, scale and MFU."""
 
 import json
-import time
 
 import pytest
 
@@ -73,23 +72,12 @@ def test_estimate_agrees_with_simulation(plan):
     assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.05)
 
 
-def test_estimate_is_fast():
-    cluster = load_cluster("dgx-h100", nodes=64)
-    plan = Plan(tp=8, pp=8, dp=8, micro_batch=1, global_batch=512)
-    estimate(LLAMA70B, plan, cluster)
-    start = time.perf_counter()
-    for _ in range(200):
-        estimate(LLAMA70B, plan, cluster)
-    assert (time.perf_counter() - start) / 200 < 1e-3
-
-
-def test_16384_gpus_simulate_in_well_under_seconds():
-    # DESIGN: one rank per stage, so 16,384 GPUs cost as much as 64.
-    start = time.perf_counter()
+def test_16384_gpus_simulate():
+    # DESIGN: one rank per stage, so 16,384 GPUs cost as much as 64 (speed: see
+    # benchmarks/simulator_bench.py).
     cluster = load_cluster("dgx-h100", nodes=2048)
     pred = simulate(LLAMA70B, Plan(tp=8, pp=8, dp=256, micro_batch=1, global_batch=2048),
                     cluster)
-    assert time.perf_counter() - start < 2.0
     assert pred.step_time_s > 0 and 0 < pred.mfu < 1
 
 
