@@ -26,9 +26,9 @@ import numpy as np
 from simulator.compute import Efficiency, load_efficiency, load_framework
 from simulator.validate import RunCase, predict, read_runs, validation_cluster
 
-#: The parameters fitted for ``efficiency.yaml`` (memory_fraction and flash_fraction are
-#: documented values).
-FREE = ("gemm_max_fraction", "gemm_half_flops", "kernel_s", "host_op_s", "p2p_overhead_s")
+#: The parameters fitted for ``efficiency.yaml`` (flash_fraction is a documented value).
+FREE = ("gemm_max_fraction", "gemm_half_flops", "memory_fraction", "kernel_s", "host_op_s",
+        "p2p_overhead_s")
 #: Free parameters that belong to the framework (`SimOptions`), not to the GPU.
 FRAMEWORK = ("p2p_overhead_s",)
 
