@@ -187,6 +187,13 @@ class CheckpointManager:
             if fut.exception() is not None or self.rank != 0:
                 return
             write_manifest(tmp, step)
+            if self.corrupt_at(step):
+                # Injected damage lands before the rename: a rank that sees the checkpoint in
+                # place (`wait_landed`) sees it damaged, as a disk fault after the write would
+                # leave it; the manifest's checksums are of the good bytes.
+                shard = max((p for p in tmp.iterdir() if p.suffix == ".distcp"),
+                            key=lambda p: p.stat().st_size)
+                corrupt_file(shard)
             final = self.folder / checkpoint_name(step)
             if final.exists():
                 shutil.rmtree(final)
@@ -196,10 +203,6 @@ class CheckpointManager:
             os.replace(latest_tmp, self.folder / "latest")
             for old in list_checkpoints(self.folder)[self.keep:]:
                 shutil.rmtree(old, ignore_errors=True)
-            if self.corrupt_at(step):
-                shard = max((p for p in final.iterdir() if p.suffix == ".distcp"),
-                            key=lambda p: p.stat().st_size)
-                corrupt_file(shard)
         except BaseException as exc:             # surfaced by wait(); a thread cannot raise
             self.finalize_error = exc
         finally:
