@@ -199,8 +199,7 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
                     Op("attn-softmax-mask", bytes=8 * scores),
                     Op("attn-softmax", bytes=8 * scores),
                     Op("attn-softmax-uncast", bytes=scores * (4 + d))]
-        ops += [
-                Op("attn-dropout", bytes=2 * scores * d + scores),
+        ops += [Op("attn-dropout", bytes=2 * scores * d + scores),
                 Op("attn-av", m=s, n=model.head_dim, k=s, count=micro_batch * heads)]
     ops += [Op("out-proj", m=t, n=h, k=h // tp),
             Op("dropout-add1", bytes=3 * rep * h * d + rep * h),
