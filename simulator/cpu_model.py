@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from planner.spec import ModelSpec, Plan
 from simulator.hardware import DeviceProfile
+from simulator.memory import chunk_params
 
 #: PyTorch DDP's first bucket (``first_bucket_bytes``, 1 MiB) and later buckets (25 MiB).
 DDP_FIRST_BUCKET_BYTES = 2**20
@@ -366,27 +367,6 @@ def step_overhead_s(profile: CpuProfile, plan: Plan) -> float:
     step of `runtime.train` (16 bytes per rank, over all ranks)."""
     return profile.collective_s("all_gather", 16.0 * plan.world_size, plan.world_size,
                                 plan.world_size)
-
-
-def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
-    """Parameters one TP rank holds of pipeline chunk ``chunk`` (pipeline order, pp·v
-    chunks): its blocks / tp, the input embedding on chunk 0, the output projection and final
-    norm on the last chunk (as `simulator.memory.stage_params`, which sums a rank's chunks).
-
-    >>> from planner.presets import load_model
-    >>> chunk_params(load_model("tiny-gpt"), Plan(tp=1, pp=2, dp=1, micro_batch=1,
-    ...     global_batch=8, dtype="fp32", schedule="interleaved-1f1b", virtual_stages=2), 1)
-    787456.0
-    """
-    sizes = plan.layers_per_stage(model)
-    params = sizes[chunk] * model.layer_params() / plan.tp
-    if chunk == 0:
-        params += model.embedding_params() / plan.tp
-    if chunk == len(sizes) - 1:
-        untied_or_split = not model.tied_embeddings or plan.pp > 1
-        params += untied_or_split * model.vocab_size * model.hidden / plan.tp
-        params += (2 if model.norm == "layernorm" else 1) * model.hidden
-    return float(params)
 
 
 def _fsdp_comm(profile: CpuProfile, plan: Plan, layers: int, grad_bytes: float,

@@ -33,22 +33,34 @@ class MemoryBreakdown:
         return {**asdict(self), "total_bytes": self.total_bytes}
 
 
-def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
-    """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding).
+def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
+    """Parameters one TP rank holds of pipeline chunk ``chunk`` (pipeline order, pp·v chunks,
+    chunk g on pipeline rank g % pp): its blocks / tp; chunk 0 adds the input embedding
+    (V·h / tp, vocab-parallel); the last adds the output projection and the final norm (a
+    tied projection is still a separate copy on the last stage when pp > 1, as in
+    Megatron-LM).
 
-    Blocks / tp; the first stage adds the input embedding (V·h / tp, vocab-parallel); the last
-    adds the output projection and the final norm (a tied projection is still a separate copy
-    on the last stage when pp > 1, as in Megatron-LM).
+    >>> from planner.presets import load_model
+    >>> chunk_params(load_model("tiny-gpt"), Plan(tp=1, pp=2, dp=1, micro_batch=1,
+    ...     global_batch=8, dtype="fp32", schedule="interleaved-1f1b", virtual_stages=2), 1)
+    787456.0
     """
-    layers = sum(plan.layers_per_stage(model)[stage::plan.pp])
-    params = layers * model.layer_params() / plan.tp
-    if stage == 0:
+    sizes = plan.layers_per_stage(model)
+    params = sizes[chunk] * model.layer_params() / plan.tp
+    if chunk == 0:
         params += model.embedding_params() / plan.tp
-    if stage == plan.pp - 1:
+    if chunk == len(sizes) - 1:
         untied_or_split = not model.tied_embeddings or plan.pp > 1
         params += untied_or_split * model.vocab_size * model.hidden / plan.tp
         params += (2 if model.norm == "layernorm" else 1) * model.hidden
-    return params
+    return float(params)
+
+
+def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding): the sum of
+    its chunks' `chunk_params` (one chunk unless interleaved)."""
+    return sum(chunk_params(model, plan, c)
+               for c in range(stage, plan.pp * plan.virtual_stages, plan.pp))
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:

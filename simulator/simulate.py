@@ -279,9 +279,10 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
     With c_g = t_f + t_b of virtual stage g, v chunks per rank and R_r = Σ_{g on rank r} c_g
     (one micro-batch's work on rank r): step = m·max_r R_r + (Σ_r R_r − max_r R_r)/v + P2P
     of one fill and one drain + max_rank(exposed DP + optimizer + weight gather): the busiest
-    rank's m rounds plus the fill and drain through the others, 1/v of a round each. For equal stages and free P2P this is
-    (m + p − 1)(t_f + t_b) + ... for 1F1B / GPipe and (m·v + p − 1)·(t_f + t_b)/v interleaved
-    (Narayanan et al. 2021, §2.2). The critical rank is the busiest one.
+    rank's m rounds plus the fill and drain through the others, 1/v of a round each. For
+    equal stages and free P2P this is (m + p − 1)(t_f + t_b) + ... for 1F1B / GPipe and
+    (m·v + p − 1)·(t_f + t_b)/v interleaved (Narayanan et al. 2021, §2.2). The critical rank
+    is the busiest one.
     """
     m, v = num_microbatches, virtual_stages
     pp = len(costs) // v
@@ -290,7 +291,7 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
     tails = [exposed_dp_s(c, overlap_dp) + c.optimizer_s + c.dp_gather_s for c in costs[:pp]]
     rank_work = [sum(per_mb[r::pp]) for r in range(pp)]
     step = m * max(rank_work) + (sum(rank_work) - max(rank_work)) / v + p2p + max(tails)
-    crit = max(range(pp), key=lambda r: sum(per_mb[r::pp]))
+    crit = max(range(pp), key=rank_work.__getitem__)
     mine, tail = costs[crit::pp], costs[crit]
     compute = m * sum(c.fwd_compute_s + c.bwd_compute_s for c in mine) + tail.optimizer_s
     comm = (m * sum(c.fwd_comm_s + c.bwd_comm_s for c in mine)

@@ -178,7 +178,7 @@ def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
         c = costs[s]
         t_b = {p: (c.bwd_compute_s * p[s] + c.bwd_comm_s) for p in profiles}
         replicas = [(runs[p][0][s], t_b[p]) for p in profiles]
-        reduce_end = _reduce_end(c, replicas, overlap_dp, None, s)
+        reduce_end = _reduce_end(c, replicas, overlap_dp, log, s)
         opt_end = {p: reduce_end + c.optimizer_s * p[s] for p in profiles}
         slowest = max(opt_end.values())
         for p in profiles:
@@ -199,10 +199,7 @@ def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
     events: list[tuple] = []
     if trace:
         for s in range(pp):
-            c_s = costs[s]
-            replicas = [(runs[p][0][s], c_s.bwd_compute_s * p[s] + c_s.bwd_comm_s)
-                        for p in profiles]
-            end = _reduce_end(c_s, replicas, overlap_dp, log, s)
+            c_s, end = costs[s], tails[s][0]
             opt = c_s.optimizer_s * crit_p[s]
             if opt > 0:
                 log.append((s, "compute", "optimizer", end, end + opt))

@@ -10,8 +10,8 @@ from planner.spec import Plan
 from simulator.calibrate import _terms_from_models, write_profile
 from simulator.cluster import load_cluster
 from simulator.costs import stage_costs
-from simulator.cpu_model import active_ranks, chunk_params, cpu_stage_costs, shape_key
-from simulator.memory import stage_params
+from simulator.cpu_model import active_ranks, cpu_stage_costs, shape_key
+from simulator.memory import chunk_params, stage_params
 from tests.simulator.test_calibrate import _terms, synthetic_profile
 
 TINY = load_model("tiny-gpt")                  # 4 layers, h 256, seq 128
