@@ -68,12 +68,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     result = validate_runs(args.runs)
     if getattr(args, "csv", None):
         write_csv(result["rows"], args.csv)
-    if getattr(args, "plot", None):
+    if getattr(args, "plot", None) and result["rows"]:
         plot_scatter({Path(args.runs).stem: result}, args.plot)
     if args.json:
         print(json.dumps(result))
         return 0
     console = Console()
+    for row in result["skipped"]:
+        console.print(f"skipped {row['id']}: {row['reason']}", highlight=False,
+                      soft_wrap=True)
+    if not result["rows"]:
+        console.print(f"{args.runs}: no row could be simulated", highlight=False)
+        return 1
     df = pd.DataFrame(result["rows"])
     print_table(console, df, f"{args.runs}: predicted vs reference step time", COLUMNS,
                 limit=args.top)

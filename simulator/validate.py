@@ -9,7 +9,13 @@ Defaults (never tuned per row):
 
 * every row: ffn = 4h, kv_heads = heads, GeLU MLP, LayerNorm, untied output projection, no
   dropout changes; vocab 51,200 for Megatron GPT rows; layers that do not split evenly over
-  the pipeline get the larger stages first (DeepSpeed / Megatron balanced split).
+  the pipeline get the larger stages first (DeepSpeed / Megatron balanced split). A
+  Llama-family model (`SWIGLU_FAMILIES` in its name or notes) has a SwiGLU MLP, RMSNorm,
+  ffn = 8h/3 rounded up to 256 and vocab 32,000 when not given. The row's ``gpu`` cell picks
+  the cluster (`gpu_cluster`); a GPU without a device profile skips the row with the reason.
+* the framework family comes from the source (`_family`): llm-foundry, BigScience,
+  Megatron-DeepSpeed, Megatron-Core / NeMo or any source from 2023 on (Megatron-Core
+  defaults), else Megatron-LM up to 2022.
 * vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257 (padded as Megatron pads it,
   `megatron_padded_vocab`), fp16, full recomputation, 1F1B, unfused
   attention, blocking P2P (with the fitted Megatron-DeepSpeed send/recv overhead), gradients
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -170,13 +177,35 @@ def _num(value: str) -> float | None:
         return None
 
 
+def _year(row: dict) -> int | None:
+    # The latest 20xx year the source or the notes name (a paper's or commit's date).
+    years = [int(y) for y in re.findall(r"\b(20[0-4]\d)\b", row["source"] + " " +
+                                        row.get("notes", ""))]
+    return max(years) if years else None
+
+
 def _family(row: dict) -> str:
+    """The framework family whose defaults fill a published row's missing settings: "mpt"
+    (llm-foundry), "bloom" (BigScience's Megatron-DeepSpeed), "megatron-deepspeed" (other
+    Megatron-DeepSpeed / DeepSpeed runs), "megatron-core" (Megatron-Core, NeMo, and any other
+    source from 2023 on: bf16, flash attention, overlapped communication) or "megatron"
+    (Megatron-LM up to 2022: fp16, unfused attention).
+
+    >>> _family({"source": "torchtitan README (2024)", "notes": ""})
+    'megatron-core'
+    >>> _family({"source": "Shoeybi et al. 2019 'Megatron-LM'", "notes": ""})
+    'megatron'
+    """
     src = row["source"]
-    if "llm-foundry" in src:
+    low = src.lower()
+    if "llm-foundry" in low:
         return "mpt"
-    if "BigScience" in src or "bigscience" in src:
+    if "bigscience" in low:
         return "bloom"
-    if "Megatron-Core" in src or "2024" in src:
+    if "deepspeed" in low:
+        return "megatron-deepspeed"
+    year = _year(row)
+    if "megatron-core" in low or "nemo" in low or (year is not None and year >= 2023):
         return "megatron-core"
     return "megatron"
 
@@ -190,17 +219,80 @@ def _a100_40gb(row: dict) -> bool:
     return "40gb" in gpu or ("a100" in gpu and "2020" in row["gpu"] + row["source"])
 
 
+#: Cluster presets a published row's ``gpu`` cell can name (see `gpu_cluster`).
+GPU_CLUSTERS = ("dgx-a100", "dgx-a100-40gb", "pcie-a100", "jean-zay-a100", "dgx-h100",
+                "dgx-h200", "dgx-b200")
+
+
+def gpu_cluster(row: dict, family: str) -> tuple[str, list[str]]:
+    """(cluster preset, flags) for the GPU a published row names in its ``gpu`` cell.
+
+    H100 / H800 -> ``dgx-h100`` (SXM with NVSwitch and 8 x 400 Gb/s, flagged when the form
+    factor is not stated), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
+    ``dgx-a100-40gb`` (40 GB named, or a 2020 DGX A100 naming no size), ``pcie-a100`` (PCIe
+    named) or ``jean-zay-a100`` (Jean Zay, or a BLOOM row naming no site).
+
+    >>> gpu_cluster({"gpu": "H100 80GB SXM", "source": "x"}, "mpt")
+    ('dgx-h100', [])
+    >>> gpu_cluster({"gpu": "H100", "source": "x"}, "megatron-core")[1]
+    ['gpu=H100 SXM (form factor not stated)']
+
+    Raises:
+        PlanError: the cell names a GPU without a device profile (e.g. V100, MI250X, TPU).
+    """
+    gpu = row["gpu"].lower().replace(" ", "").replace("-", "")
+    flags: list[str] = []
+    if "h100" in gpu or "h800" in gpu:
+        if "pcie" in gpu:
+            flags.append("gpu=H100 SXM (no PCIe preset)")
+        elif "sxm" not in gpu and "dgx" not in gpu:
+            flags.append("gpu=H100 SXM (form factor not stated)")
+        return "dgx-h100", flags
+    if "h200" in gpu:
+        return "dgx-h200", flags
+    if "b200" in gpu:
+        return "dgx-b200", flags
+    if "a100" in gpu:
+        if "jeanzay" in gpu or (family == "bloom" and "dgx" not in gpu):
+            return "jean-zay-a100", flags
+        if "pcie" in gpu:
+            return "pcie-a100", flags
+        if _a100_40gb(row):
+            if "40gb" not in gpu:
+                flags.append("gpu=a100-sxm-40gb (default: 2020 DGX A100)")
+            return "dgx-a100-40gb", flags
+        return "dgx-a100", flags
+    raise PlanError(f"gpu={row['gpu']!r} has no device profile; the validation clusters cover "
+                    f"A100, H100, H200 and B200 ({', '.join(GPU_CLUSTERS)})")
+
+
+#: Model names of families with a SwiGLU MLP and RMSNorm (Touvron et al. 2023 §2.2).
+SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "yi-")
+
+
+def _is_swiglu(row: dict) -> bool:
+    text = (row["model"] + " " + row.get("notes", "")).lower()
+    return any(name in text for name in SWIGLU_FAMILIES) or "swiglu" in text
+
+
 def _published_case(row: dict) -> RunCase:
     flags: list[str] = []
     fam = _family(row)
     h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
     kv = _num(row["kv_heads"])
+    swiglu = _is_swiglu(row)
     ffn = _num(row["ffn_hidden"])
-    if ffn is None:
+    if ffn is None and swiglu:
+        # Llama's rule: 2/3 of 4h, rounded up to a multiple of 256 (Touvron et al. 2023).
+        ffn = -(-(8 * h // 3) // 256) * 256
+        flags.append(f"ffn_hidden={int(ffn)} (default: Llama 8h/3 rounded to 256)")
+    elif ffn is None:
         flags.append("ffn_hidden=4h (default)")
+    if swiglu:
+        flags.append("activation=swiglu, norm=rmsnorm (Llama-family model)")
     vocab = _num(row["vocab"])
     if vocab is None:
-        vocab = 250680 if fam == "bloom" else 51200
+        vocab = 250680 if fam == "bloom" else 32000 if swiglu else 51200
         flags.append(f"vocab={vocab} (default)")
     tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     gb = int(row["global_batch"])
@@ -221,7 +313,7 @@ def _published_case(row: dict) -> RunCase:
     elif rec.startswith("none"):
         recompute = "none"
     else:
-        recompute = "none" if fam == "megatron-core" else "full"
+        recompute = "none" if fam in ("megatron-core", "mpt") else "full"
         flags.append(f"recompute={recompute} (default)")
     sp_cell = (row["sequence_parallel"] or "").strip().lower()
     if sp_cell in ("yes", "no"):
@@ -236,8 +328,8 @@ def _published_case(row: dict) -> RunCase:
     elif z_cell:
         zero = int(float(z_cell))
     else:
-        zero = {"megatron-core": 1, "bloom": 1}.get(fam, 0)
-        if fam in ("megatron-core", "bloom") and dp > 1:
+        zero = {"megatron-core": 1, "bloom": 1, "megatron-deepspeed": 1}.get(fam, 0)
+        if zero and dp > 1:
             flags.append(f"zero_stage={zero} (default)")
     vpp = _num(row["vpp"])
     v = int(vpp) if vpp else 1
@@ -249,26 +341,28 @@ def _published_case(row: dict) -> RunCase:
     model = ModelSpec(name=row["model"], num_layers=layers, hidden=h, num_heads=a,
                       num_kv_heads=int(kv) if kv else a,
                       ffn_hidden=int(ffn) if ffn else 4 * h, vocab_size=int(vocab),
-                      seq_len=int(row["seq_len"]), activation="gelu")
-    if fam == "bloom" and pp > 1:
+                      seq_len=int(row["seq_len"]), activation="swiglu" if swiglu else "gelu",
+                      norm="rmsnorm" if swiglu else "layernorm")
+    deepspeed = fam in ("bloom", "megatron-deepspeed")
+    if deepspeed and pp > 1:
         split = deepspeed_split(layers, pp)
         flags.append(f"stage_layers={list(split)} (DeepSpeed partition, embedding = 1 layer)")
     else:
         split = balanced_split(layers, pp * v)
         if split:
             flags.append(f"stage_layers={list(split)}")
-    old = fam == "megatron" or fam == "bloom"
+    old = fam in ("megatron", "bloom", "megatron-deepspeed")
     overlap = sc21[2] if sc21 else not old
     if sc21:
         flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
                      " (examples/sc21/run_table_1.sh)")
-    dtype = "fp16" if fam == "megatron" else "bf16"
+    dtype = "fp16" if fam in ("megatron", "megatron-deepspeed") else "bf16"
     plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
                 stage_layers=split)
-    framework = {"bloom": "megatron-deepspeed", "mpt": "llm-foundry",
-                 "megatron-core": "megatron-core"}.get(fam, "megatron-lm")
+    framework = {"bloom": "megatron-deepspeed", "megatron-deepspeed": "megatron-deepspeed",
+                 "mpt": "llm-foundry", "megatron-core": "megatron-core"}.get(fam, "megatron-lm")
     options = SimOptions(**load_framework(framework),
                          attention="unfused" if old else
                          "flash-triton" if fam == "mpt" else "flash",
@@ -280,12 +374,9 @@ def _published_case(row: dict) -> RunCase:
                          if fam == "megatron" and zero == 3 else None,
                          zero3_overlap_reduce=not (fam == "megatron" and zero == 3),
                          overlap_param_gather=fam == "megatron-core",
-                         p2p_scatter_gather=fam != "bloom")
-    cluster = {"bloom": "jean-zay-a100", "megatron-core": "dgx-h100"}.get(fam, "dgx-a100")
-    if cluster == "dgx-a100" and _a100_40gb(row):
-        cluster = "dgx-a100-40gb"
-        if "40gb" not in row["gpu"].lower().replace(" ", ""):
-            flags.append("gpu=a100-sxm-40gb (default: 2020 DGX A100)")
+                         p2p_scatter_gather=not deepspeed)
+    cluster, gpu_flags = gpu_cluster(row, fam)
+    flags += gpu_flags
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
                    overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
@@ -326,23 +417,40 @@ def _vtrain_case(row: dict, index: int, prefix: str) -> RunCase:
                    flags=(f"stage_layers={list(split)}",) if split else ())
 
 
-def read_runs(path: str | Path) -> list[RunCase]:
+def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCase]:
     """The reference runs of a published-runs or vTrain ground-truth CSV (detected by header).
 
+    Args:
+        skipped: when given, a row that cannot be simulated (a GPU without a device profile,
+            an empty or malformed required cell, a split that does not fit the model) is
+            appended to it as ``{"id", "reason"}`` instead of raising.
     Raises:
-        PlanError: the header matches neither format.
+        PlanError: the header matches neither format, or (``skipped`` not given) a row is bad.
     """
     path = Path(path)
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     header = set(rows[0]) if rows else set()
     if "ref_step_time_s" in header:
-        return [_published_case(r) for r in rows]
-    if "iteration time (ms)" in header:
+        make = [(r.get("id") or f"row {i + 2}", lambda r=r: _published_case(r))
+                for i, r in enumerate(rows)]
+    elif "iteration time (ms)" in header:
         prefix = "m" if "Parameters (billion)" in header else "s"
-        return [_vtrain_case(r, i, prefix) for i, r in enumerate(rows)]
-    raise PlanError(f"{path.name}: header {sorted(header)[:6]}... is neither the published-runs "
-                    f"table (ref_step_time_s) nor a vTrain table (iteration time (ms))")
+        make = [(f"{prefix}{i:03d}", lambda r=r, i=i: _vtrain_case(r, i, prefix))
+                for i, r in enumerate(rows)]
+    else:
+        raise PlanError(f"{path.name}: header {sorted(header)[:6]}... is neither the "
+                        f"published-runs table (ref_step_time_s) nor a vTrain table "
+                        f"(iteration time (ms))")
+    cases = []
+    for row_id, build in make:
+        try:
+            cases.append(build())
+        except (PlanError, ValueError, TypeError) as exc:
+            if skipped is None:
+                raise PlanError(f"{path.name} {row_id}: {exc}") from None
+            skipped.append({"id": row_id, "reason": str(exc)})
+    return cases
 
 
 def predict(case: RunCase, *, fast: bool = False) -> float:
@@ -359,11 +467,21 @@ def validate_runs(path: str | Path) -> dict:
 
     Returns ``{"rows": [{"id", "model", "num_gpus", "tp", "pp", "dp",
     "predicted_step_time_s", "reference_step_time_s", "rel_error", "flags"}, ...],
-    "mape": float, "max_abs_rel_error": float}``; rel_error = predicted / reference − 1.
+    "mape": float, "max_abs_rel_error": float, "skipped": [{"id", "reason"}, ...]}``;
+    rel_error = predicted / reference − 1. Rows that cannot be simulated are listed in
+    ``skipped`` with the reason and left out of the MAPE.
+
+    Raises:
+        PlanError: the file is neither format.
     """
-    rows = []
-    for case in read_runs(path):
-        pred = predict(case)
+    rows: list[dict] = []
+    skipped: list[dict] = []
+    for case in read_runs(path, skipped):
+        try:
+            pred = predict(case)
+        except PlanError as exc:
+            skipped.append({"id": case.id, "reason": str(exc)})
+            continue
         ref = case.reference_step_time_s
         p = case.plan
         rows.append({"id": case.id, "model": case.model.name, "num_gpus": p.world_size,
@@ -372,4 +490,4 @@ def validate_runs(path: str | Path) -> dict:
                      "flags": list(case.flags)})
     errors = [abs(r["rel_error"]) for r in rows]
     return {"rows": rows, "mape": sum(errors) / len(errors) if errors else 0.0,
-            "max_abs_rel_error": max(errors, default=0.0)}
+            "max_abs_rel_error": max(errors, default=0.0), "skipped": skipped}

@@ -1,0 +1,86 @@
+"""The published-runs reader on rows beyond the shipped table: the GPU named in the row picks
+the cluster, Llama-family models get their MLP and norm, and a row that cannot be simulated is
+reported with its reason instead of stopping the whole validation."""
+
+import csv
+
+import pytest
+
+from planner.spec import PlanError
+from simulator.validate import _family, gpu_cluster, read_runs, validate_runs
+
+HEADER = ["id", "source", "table", "model", "params_b", "layers", "hidden", "heads",
+          "kv_heads", "ffn_hidden", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "dp",
+          "cp", "vpp", "micro_batch", "global_batch", "recompute", "sequence_parallel",
+          "zero_stage", "ref_step_time_s", "ref_step_time_kind", "reported_tflops_per_gpu",
+          "reported_mfu", "reported_hfu", "notes"]
+
+
+def _row(**cells):
+    row = dict.fromkeys(HEADER, "")
+    row.update({"source": "mosaicml/llm-foundry benchmarking README", "table": "t",
+                "model": "MPT-7b", "layers": "32", "hidden": "4096", "heads": "32",
+                "seq_len": "2048", "num_gpus": "8", "tp": "1", "pp": "1", "dp": "8",
+                "micro_batch": "4", "global_batch": "32", "zero_stage": "FSDP FULL_SHARD",
+                "vocab": "50368", "ref_step_time_s": "1.0", "ref_step_time_kind": "derived"})
+    row.update({k: str(v) for k, v in cells.items()})
+    return row
+
+
+def _write(tmp_path, rows):
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=HEADER)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_gpu_cell_picks_the_cluster():
+    assert gpu_cluster({"gpu": "H100 80GB", "source": ""}, "mpt")[0] == "dgx-h100"
+    assert gpu_cluster({"gpu": "H200 SXM", "source": ""}, "megatron-core")[0] == "dgx-h200"
+    assert gpu_cluster({"gpu": "A100 40GB", "source": ""}, "mpt")[0] == "dgx-a100-40gb"
+    assert gpu_cluster({"gpu": "A100 80GB PCIe", "source": ""}, "mpt")[0] == "pcie-a100"
+    assert gpu_cluster({"gpu": "A100 80GB (Jean Zay)", "source": ""}, "bloom")[0] == \
+        "jean-zay-a100"
+    with pytest.raises(PlanError, match="V100"):
+        gpu_cluster({"gpu": "V100 32GB", "source": ""}, "megatron")
+
+
+def test_family_from_source_and_year():
+    assert _family({"source": "Meta, The Llama 3 Herd of Models (2024)", "notes": ""}) == \
+        "megatron-core"
+    assert _family({"source": "microsoft/Megatron-DeepSpeed examples", "notes": ""}) == \
+        "megatron-deepspeed"
+    assert _family({"source": "Korthikanti et al. 2022", "notes": ""}) == "megatron"
+
+
+def test_same_run_on_h100_is_faster_than_on_a100(tmp_path):
+    # The same MPT-7b step on H100 (989 TFLOP/s bf16, 3.35 TB/s) and on A100 (312, 2.04):
+    # compute-bound, so between 2x and the 3.2x peak ratio faster.
+    path = _write(tmp_path, [_row(id="a", gpu="A100 80GB"), _row(id="h", gpu="H100 80GB")])
+    rows = {r["id"]: r for r in validate_runs(path)["rows"]}
+    ratio = rows["a"]["predicted_step_time_s"] / rows["h"]["predicted_step_time_s"]
+    assert 2.0 < ratio < 989 / 312
+
+
+def test_llama_rows_get_swiglu_rmsnorm_and_llama_ffn(tmp_path):
+    path = _write(tmp_path, [_row(id="l", model="Llama-2 7B", source="x 2023",
+                                  gpu="A100 80GB", vocab="")])
+    case = read_runs(path)[0]
+    assert case.model.activation == "swiglu" and case.model.norm == "rmsnorm"
+    # Llama 2 7B's published ffn: 11008 = 256 * ceil(8 * 4096 / 3 / 256).
+    assert case.model.ffn_hidden == 11008 and case.model.vocab_size == 32000
+    assert any("swiglu" in f for f in case.flags)
+
+
+def test_bad_rows_are_skipped_with_their_reason(tmp_path):
+    path = _write(tmp_path, [_row(id="ok", gpu="A100 80GB"),
+                             _row(id="v100", gpu="V100 32GB"),
+                             _row(id="blank", gpu="A100 80GB", hidden="")])
+    result = validate_runs(path)
+    assert [r["id"] for r in result["rows"]] == ["ok"]
+    reasons = {s["id"]: s["reason"] for s in result["skipped"]}
+    assert set(reasons) == {"v100", "blank"} and "V100" in reasons["v100"]
+    with pytest.raises(PlanError, match="v100"):
+        read_runs(path)
