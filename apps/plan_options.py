@@ -16,7 +16,7 @@ from apps.format import fmt_bytes, print_table
 from planner.space import SearchSpace
 from planner.spec import PlanError
 
-_INT_FIELDS = ("tp", "pp", "dp", "micro_batch", "virtual_stages", "zero_stage")
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage")
 REJECTED_TABLE = {"id": ("candidate", None), "kind": ("kind", None),
                   "reason": ("reason", None)}
 CLOSEST_TABLE = {"id": ("plan", None), "peak_memory_bytes": ("needs/device", fmt_bytes),
@@ -38,7 +38,7 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
     sp.add_argument("--csv", help="write ranked.csv and rejected.csv into this folder")
     sp.add_argument("--show-rejected", type=int, default=0, metavar="N",
-                    help="print the rejected table: N rows per kind (tp, layers, batch, "
+                    help="print the rejected table: N rows per kind (tp, cp, layers, batch, "
                     "schedule, devices, memory)")
 
 

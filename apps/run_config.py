@@ -73,7 +73,7 @@ def check_run_args(args) -> None:
     A ``--resume`` run folder becomes its ``checkpoints/`` folder (`runtime.elastic.resume_folder`).
 
     Raises:
-        PlanError: the plan file is invalid; a flag is out of range (a fault beyond --steps, a
+        PlanError: the plan file is invalid or context-parallel; a flag is out of range (a fault beyond --steps, a
             --resume folder without checkpoints); the data file is missing;
             or the plan needs devices this machine does not have (a GPU cluster's plan without
             CUDA, or more ranks than GPUs: multi-node plans go through `meshplan launch`).
@@ -82,6 +82,10 @@ def check_run_args(args) -> None:
 
     from runtime.elastic import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
+    if pf.plan.cp > 1:
+        raise PlanError(f"plan {pf.plan.id} has cp={pf.plan.cp}: the runtime does not execute "
+                        f"context parallelism (the simulator and planner model it); emit the "
+                        f"plan with --fix cp=1 to run it")
     if args.steps < 1:
         raise PlanError(f"--steps={args.steps} must be >= 1")
     if args.max_restarts < 0:

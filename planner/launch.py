@@ -117,7 +117,8 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
     lines += [
         f"#SBATCH --output={job_name or plan_id}-%j.out",
         "",
-        f"# {plan_id} of {pf.model.name}: tp*pp*dp = {pf.plan.tp}*{pf.plan.pp}*{pf.plan.dp} = "
+        f"# {plan_id} of {pf.model.name}: tp*cp*pp*dp = {pf.plan.tp}*{pf.plan.cp}*"
+        f"{pf.plan.pp}*{pf.plan.dp} = "
         f"{pf.plan.world_size} workers, {gpus} per node",
         "set -euo pipefail",
         'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

@@ -96,7 +96,7 @@ def out_of_memory_reason(model: ModelSpec, plan: Plan, cluster: Cluster,
 
 def _memory_key(plan: Plan) -> tuple:
     # Memory does not depend on placement: the cache key is every other field.
-    return (plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.global_batch, plan.schedule,
+    return (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch, plan.global_batch, plan.schedule,
             plan.virtual_stages, plan.recompute, plan.zero_stage, plan.sequence_parallel,
             plan.dtype)
 
@@ -145,7 +145,7 @@ def _space(space: SearchSpace | None, micro_batches, recompute) -> SearchSpace:
 
 
 def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
-    return {"id": plan.id, "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
+    return {"id": plan.id, "tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp,
             "micro_batch": plan.micro_batch, "global_batch": plan.global_batch,
             "recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
             "step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s,

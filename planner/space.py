@@ -35,7 +35,14 @@ DEFAULT_PLACEMENTS: tuple[tuple[str, ...], ...] = (("tp", "dp", "pp"), ("tp", "p
 MAX_MICRO_BATCH = 8
 MAX_VIRTUAL_STAGES = 8
 
-_FIELDS = ("tp", "pp", "dp", "micro_batch", "virtual_stages", "schedule", "recompute",
+#: Sequence length from which context parallelism is searched by default: there attention
+#: activations and FLOPs per sequence dominate (Megatron-Core's context-parallel guide uses it
+#: for long-context training; Llama 3 uses cp=16 at 131,072 tokens).
+LONG_SEQUENCE = 16384
+#: Context-parallel degrees searched by default for long sequences.
+DEFAULT_CP = (1, 2, 4, 8, 16)
+
+_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "schedule", "recompute",
            "zero_stage", "sequence_parallel", "placement")
 
 
@@ -47,8 +54,10 @@ class SearchSpace:
         tp: default: the divisors of the devices per node (Megatron keeps tensor parallelism
             inside the NVLink domain, Narayanan et al. 2021 §3.3) that divide the device count.
         pp: default: every divisor of devices / tp up to the layer count.
-        dp: default: what is left, devices / (tp·pp) (exact device count), or every divisor of
-            the global batch (``max_devices``).
+        dp: default: what is left, devices / (tp·cp·pp) (exact device count), or every
+            divisor of the global batch (``max_devices``).
+        cp: default (1,), or `DEFAULT_CP` from `LONG_SEQUENCE` tokens on; a cp takes its
+            factor of what tp·pp leave, and must divide seq_len / 2.
         micro_batch: default: every divisor of global_batch / dp up to `MAX_MICRO_BATCH`.
         virtual_stages: model chunks per pipeline rank for the interleaved schedule; default:
             every v in [2, `MAX_VIRTUAL_STAGES`] that splits the stage's layers evenly.
@@ -62,6 +71,7 @@ class SearchSpace:
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
     dp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     virtual_stages: tuple[int, ...] | None = None
     schedule: tuple[Schedule, ...] | None = None
@@ -177,43 +187,72 @@ def interleaved_reason(pp: int, num_microbatches: int) -> str:
             f"be a multiple of pp={pp}")
 
 
+def _product(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
+    # "tp*pp*dp = 2*1*2 = 4", naming cp only when it is used.
+    names = ["tp"] + (["cp"] if cp > 1 else []) + ["pp"] + (["dp"] if dp is not None else [])
+    values = [tp] + ([cp] if cp > 1 else []) + [pp] + ([dp] if dp is not None else [])
+    return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {math.prod(values)}"
+
+
+def _fill_reason(what: str, product: int, n: int, exact: bool) -> str:
+    # '' if ``product`` devices can be part of the job, else why not.
+    if exact:
+        return f"{what} does not divide num_devices={n}" if n % product else ""
+    return f"{what} > max_devices={n}" if product > n else ""
+
+
+def default_cp(model: ModelSpec, space: SearchSpace) -> tuple[int, ...]:
+    """Context-parallel degrees to search: the space's, else `DEFAULT_CP` from
+    `LONG_SEQUENCE` tokens on, else (1,)."""
+    return space.cp or (DEFAULT_CP if model.seq_len >= LONG_SEQUENCE else (1,))
+
+
 def splits(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
            num_devices: int | None, max_devices: int | None, global_batch: int
-           ) -> Iterator[tuple[int, int, int] | Rejection]:
-    """Every (tp, pp, dp) of the space: tp·pp·dp == num_devices, or <= max_devices.
+           ) -> Iterator[tuple[int, int, int, int] | Rejection]:
+    """Every (tp, cp, pp, dp) of the space: tp·cp·pp·dp == num_devices, or <= max_devices.
 
-    A fixed tp, pp or dp that cannot fill the devices gives a `Rejection` instead.
+    A fixed tp, cp, pp or dp that cannot fill the devices gives a `Rejection` instead, and
+    so does a fixed cp that does not divide seq_len / 2.
     """
     exact = num_devices is not None
     n = num_devices if exact else max_devices
     tps = space.tp or tuple(d for d in divisors(devices_per_node) if d <= n)
+    cps = default_cp(model, space)
     for tp in tps:
-        if (n % tp if exact else tp > n):
-            yield Rejection(id=f"tp{tp}", kind="devices", reason=(
-                f"tp={tp} does not divide num_devices={n}" if exact
-                else f"tp={tp} > max_devices={n}"))
+        if reason := _fill_reason(f"tp={tp}", tp, n, exact):
+            yield Rejection(id=f"tp{tp}", kind="devices", reason=reason)
             continue
-        rest = n // tp
-        pps = space.pp or tuple(d for d in divisors(rest) if d <= model.num_layers
-                                and (exact or model.num_layers % d == 0))
-        for pp in pps:
-            if (rest % pp if exact else pp > rest):
-                yield Rejection(id=f"tp{tp}-pp{pp}", kind="devices", reason=(
-                    f"tp*pp = {tp}*{pp} = {tp * pp} does not divide num_devices={n}" if exact
-                    else f"tp*pp = {tp}*{pp} = {tp * pp} > max_devices={n}"))
+        for cp in cps:
+            c_id = f"tp{tp}-cp{cp}" if cp > 1 else f"tp{tp}"
+            if cp > 1 and model.seq_len % (2 * cp):
+                if space.cp is not None:
+                    yield Rejection(id=c_id, kind="cp", reason=(
+                        f"cp={cp} needs seq_len={model.seq_len} divisible by 2*cp = {2 * cp}"))
                 continue
-            dps = (rest // pp,) if exact else (space.dp or tuple(divisors(global_batch)))
-            if exact and space.dp is not None and dps[0] not in space.dp:
-                for dp in space.dp:
-                    yield Rejection(id=f"tp{tp}-pp{pp}-dp{dp}", kind="devices", reason=(
-                        f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != num_devices({n})"))
+            if reason := _fill_reason(f"tp*cp = {tp}*{cp} = {tp * cp}", tp * cp, n, exact):
+                if space.cp is not None:
+                    yield Rejection(id=c_id, kind="devices", reason=reason)
                 continue
-            for dp in dps:
-                if tp * pp * dp <= n:
-                    yield tp, pp, dp
-                elif space.dp is not None:
-                    yield Rejection(id=f"tp{tp}-pp{pp}-dp{dp}", kind="devices", reason=(
-                        f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} > max_devices={n}"))
+            rest = n // (tp * cp)
+            pps = space.pp or tuple(d for d in divisors(rest) if d <= model.num_layers
+                                    and (exact or model.num_layers % d == 0))
+            for pp in pps:
+                if reason := _fill_reason(_product(tp, cp, pp), tp * cp * pp, n, exact):
+                    yield Rejection(id=f"{c_id}-pp{pp}", kind="devices", reason=reason)
+                    continue
+                dps = (rest // pp,) if exact else (space.dp or tuple(divisors(global_batch)))
+                if exact and space.dp is not None and dps[0] not in space.dp:
+                    for dp in space.dp:
+                        yield Rejection(id=f"{c_id}-pp{pp}-dp{dp}", kind="devices", reason=(
+                            f"{_product(tp, cp, pp, dp)} != num_devices({n})"))
+                    continue
+                for dp in dps:
+                    if tp * cp * pp * dp <= n:
+                        yield tp, cp, pp, dp
+                    elif space.dp is not None:
+                        yield Rejection(id=f"{c_id}-pp{pp}-dp{dp}", kind="devices", reason=(
+                            f"{_product(tp, cp, pp, dp)} > max_devices={n}"))
 
 
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:
@@ -248,8 +287,8 @@ def enumerate_candidates(model: ModelSpec, space: SearchSpace, *, devices_per_no
         if isinstance(item, Rejection):
             yield item
             continue
-        tp, pp, dp = item
-        split_id = f"tp{tp}-pp{pp}-dp{dp}"
+        tp, cp, pp, dp = item
+        split_id = f"tp{tp}-cp{cp}-pp{pp}-dp{dp}" if cp > 1 else f"tp{tp}-pp{pp}-dp{dp}"
         reason = tp_reason(model, tp)
         if reason:
             yield Rejection(id=split_id, reason=reason, kind="tp")
@@ -258,43 +297,50 @@ def enumerate_candidates(model: ModelSpec, space: SearchSpace, *, devices_per_no
         if reason:
             yield Rejection(id=split_id, reason=reason, kind="layers")
             continue
-        if global_batch % dp:
-            yield Rejection(id=f"{split_id}-gb{global_batch}",
-                            reason=batch_reason(global_batch, dp, 1), kind="batch")
-            continue
-        per_replica = global_batch // dp
-        mbs = mbs_fixed or tuple(d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH)
-        sps = space.sequence_parallel or ((False, True) if tp > 1 else (False,))
-        sps = tuple(sp for sp in sps if tp > 1 or not sp)
-        zeros = space.zero_stage or (0, 1, 2, 3)
-        if dp == 1 and 0 in zeros:
-            zeros = (0,)  # nothing to shard over: every ZeRO stage is plain data parallel
-        places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
-                                     else (MESH_AXES,))
-        rcs = space.recompute or ("none", "selective", "full")
-        for schedule, v in _virtual(model, space, pp):
-            if v > 1:
-                reason = layers_reason(model, pp, v)
+        yield from _split_plans(model, space, tp, cp, pp, dp, global_batch, dtype, mbs_fixed)
+
+
+def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int, dp: int,
+                 global_batch: int, dtype: str, mbs_fixed) -> Iterator[Plan | Rejection]:
+    # Every plan (or rejection) of one (tp, cp, pp, dp) split.
+    split_id = f"tp{tp}-cp{cp}-pp{pp}-dp{dp}" if cp > 1 else f"tp{tp}-pp{pp}-dp{dp}"
+    if global_batch % dp:
+        yield Rejection(id=f"{split_id}-gb{global_batch}",
+                        reason=batch_reason(global_batch, dp, 1), kind="batch")
+        return
+    per_replica = global_batch // dp
+    mbs = mbs_fixed or tuple(d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH)
+    sps = space.sequence_parallel or ((False, True) if tp > 1 else (False,))
+    sps = tuple(sp for sp in sps if tp > 1 or not sp)
+    zeros = space.zero_stage or (0, 1, 2, 3)
+    if dp * cp == 1 and 0 in zeros:
+        zeros = (0,)  # nothing to shard over: every ZeRO stage is plain data parallel
+    places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
+                                 else (MESH_AXES,))
+    rcs = space.recompute or ("none", "selective", "full")
+    for schedule, v in _virtual(model, space, pp):
+        if v > 1:
+            reason = layers_reason(model, pp, v)
+            if reason:
+                yield Rejection(id=f"{split_id}-v{v}", reason=reason, kind="layers")
+                continue
+        for mb in mbs:
+            mb_id = f"{split_id}-mb{mb}-gb{global_batch}"
+            if per_replica % mb:
+                yield Rejection(id=mb_id, reason=batch_reason(global_batch, dp, mb),
+                                kind="batch")
+                continue
+            if schedule == "interleaved-1f1b":
+                reason = interleaved_reason(pp, per_replica // mb)
                 if reason:
-                    yield Rejection(id=f"{split_id}-v{v}", reason=reason, kind="layers")
+                    yield Rejection(id=f"{mb_id}-v{v}", reason=reason, kind="schedule")
                     continue
-            for mb in mbs:
-                mb_id = f"{split_id}-mb{mb}-gb{global_batch}"
-                if per_replica % mb:
-                    yield Rejection(id=mb_id, reason=batch_reason(global_batch, dp, mb),
-                                    kind="batch")
-                    continue
-                if schedule == "interleaved-1f1b":
-                    reason = interleaved_reason(pp, per_replica // mb)
-                    if reason:
-                        yield Rejection(id=f"{mb_id}-v{v}", reason=reason, kind="schedule")
-                        continue
-                for rc in rcs:
-                    for zero in zeros:
-                        for sp in sps:
-                            for place in places:
-                                yield Plan(tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                                           global_batch=global_batch, schedule=schedule,
-                                           virtual_stages=v, recompute=rc, zero_stage=zero,
-                                           sequence_parallel=sp, dtype=dtype,
-                                           placement=place)
+            for rc in rcs:
+                for zero in zeros:
+                    for sp in sps:
+                        for place in places:
+                            yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb,
+                                       global_batch=global_batch, schedule=schedule,
+                                       virtual_stages=v, recompute=rc, zero_stage=zero,
+                                       sequence_parallel=sp, dtype=dtype,
+                                       placement=place)

@@ -190,7 +190,11 @@ class Plan:
     """How one training step is split over devices.
 
     Attributes:
-        tp, pp, dp: tensor-, pipeline- and data-parallel degrees; world size is tp·pp·dp.
+        tp, pp, dp: tensor-, pipeline- and data-parallel degrees; world size is tp·cp·pp·dp.
+        cp: context-parallel degree: each sequence's tokens split over cp ranks, attention
+            by ring exchange of key/value blocks (Liu et al. 2023, "Ring Attention"); the cp
+            ranks of a group sit innermost in the ``dp`` axis of ``placement`` (Megatron's
+            tp-cp-dp-pp order) and reduce gradients with the dp ranks (dp·cp ranks in all).
         micro_batch: sequences per micro-batch on one data-parallel rank.
         global_batch: sequences per optimizer step, all DP ranks together.
         schedule: pipeline schedule ("gpipe", "1f1b", "interleaved-1f1b").
@@ -206,6 +210,7 @@ class Plan:
     tp: int
     pp: int
     dp: int
+    cp: int = 1
     micro_batch: int
     global_batch: int
     schedule: Schedule = "1f1b"
@@ -218,7 +223,7 @@ class Plan:
     stage_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        _require_positive_int(self, "tp", "pp", "dp", "micro_batch", "global_batch",
+        _require_positive_int(self, "tp", "pp", "dp", "cp", "micro_batch", "global_batch",
                               "virtual_stages")
         _require_choice(self, "schedule", Schedule)
         _require_choice(self, "recompute", Recompute)
@@ -255,8 +260,20 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        """Devices the plan occupies: tp·pp·dp."""
-        return self.tp * self.pp * self.dp
+        """Devices the plan occupies: tp·cp·pp·dp."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def degrees(self) -> str:
+        """The world size as its product, e.g. ``tp*pp*dp = 8*4*2 = 64`` (cp named when > 1).
+
+        >>> Plan(tp=8, cp=2, pp=1, dp=2, micro_batch=1, global_batch=2).degrees
+        'tp*cp*pp*dp = 8*2*1*2 = 32'
+        """
+        if self.cp > 1:
+            return (f"tp*cp*pp*dp = {self.tp}*{self.cp}*{self.pp}*{self.dp} = "
+                    f"{self.world_size}")
+        return f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.world_size}"
 
     @property
     def num_microbatches(self) -> int:
@@ -269,6 +286,8 @@ class Plan:
         a non-default placement as ``place.tp.pp.dp``, innermost axis first)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}",
                  f"gb{self.global_batch}"]
+        if self.cp > 1:
+            parts.insert(1, f"cp{self.cp}")
         if self.virtual_stages > 1:
             parts.append(f"v{self.virtual_stages}")
         if self.schedule not in ("1f1b", "interleaved-1f1b"):
@@ -313,15 +332,20 @@ def check_plan(model: ModelSpec, plan: Plan, world_size: int | None = None) -> N
     """Check that ``plan`` can run ``model`` (and fill ``world_size`` devices, when given).
 
     Raises:
-        PlanError: tp does not divide heads, KV heads or ffn_hidden; the layers do not split
-            over pp·virtual_stages; or tp·pp·dp differs from ``world_size``.
+        PlanError: tp does not divide heads, KV heads or ffn_hidden; 2·cp does not divide
+            seq_len (each rank holds two sequence chunks, one early and one late, which
+            balances causal attention); the layers do not split over pp·virtual_stages; or
+            tp·cp·pp·dp differs from ``world_size``.
     """
     for field, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                          ("ffn_hidden", model.ffn_hidden)):
         if value % plan.tp:
             raise PlanError(f"tp={plan.tp} does not divide {field}={value}; use tp in "
                             f"{divisors(math.gcd(model.num_heads, model.num_kv_heads, model.ffn_hidden))}")
+    if plan.cp > 1 and model.seq_len % (2 * plan.cp):
+        raise PlanError(f"cp={plan.cp} needs seq_len={model.seq_len} divisible by 2*cp = "
+                        f"{2 * plan.cp} (two balanced chunks per rank); use cp in "
+                        f"{[d for d in divisors(model.seq_len // 2) if d > 1][:8]}")
     plan.layers_per_stage(model)
     if world_size is not None and plan.world_size != world_size:
-        raise PlanError(f"tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.world_size} "
-                        f"!= world_size({world_size})")
+        raise PlanError(f"{plan.degrees} != world_size({world_size})")

@@ -70,8 +70,11 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
     "undefined" on CPU).
 
     Raises:
-        PlanError: the world size is not tp·pp·dp.
+        PlanError: the plan is context-parallel (cp > 1), or the world size is not tp·pp·dp.
     """
+    if plan.cp > 1:
+        raise PlanError(f"cp={plan.cp}: the runtime does not execute context parallelism; "
+                        f"use a plan with cp=1")
     world = dist.get_world_size()
     if world != plan.world_size:
         raise PlanError(f"tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.world_size} "

@@ -136,12 +136,17 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
     """Read the plan and the data and check the launch, before any collective.
 
     Raises:
-        PlanError: invalid plan, vocabulary too small for bytes, sequence parallelism over a
-            length tp does not divide, or world size != tp·pp·dp.
+        PlanError: invalid plan, context parallelism (not executed), vocabulary too small for
+            bytes, sequence parallelism over a length tp does not divide, or world size !=
+            tp·pp·dp.
         FileNotFoundError / ValueError: missing or too short ``--data``.
     """
     pf = read_plan_file(args.plan)
     model, plan = pf.model, pf.plan
+    if plan.cp > 1:
+        raise PlanError(f"plan {plan.id} has cp={plan.cp}: the runtime does not execute "
+                        f"context parallelism (the simulator and planner model it); emit the "
+                        f"plan with --fix cp=1 to run it")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != plan.world_size:
         raise PlanError(f"plan {plan.id} needs world_size tp*pp*dp = {plan.tp}*{plan.pp}*"

@@ -498,29 +498,42 @@ def p2p_boundary_time_s(cluster: Cluster, plan: Plan, size_bytes: float, src: in
 def mesh_strides(plan: Plan) -> dict[str, int]:
     """Device-index stride of each mesh axis; ``plan.placement`` lists axes innermost first.
 
+    The cp ranks of a context-parallel group sit innermost in the ``dp`` axis (Megatron's
+    tp-cp-dp-pp order), so ``cp`` takes the dp axis's stride and ``dp`` that times cp.
+
     >>> from planner.spec import Plan
     >>> mesh_strides(Plan(tp=8, pp=4, dp=2, micro_batch=1, global_batch=8))
-    {'tp': 1, 'dp': 8, 'pp': 16}
+    {'tp': 1, 'cp': 8, 'dp': 8, 'pp': 16}
+    >>> mesh_strides(Plan(tp=8, cp=2, pp=4, dp=2, micro_batch=1, global_batch=8))
+    {'tp': 1, 'cp': 8, 'dp': 16, 'pp': 32}
     """
-    sizes = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}
+    sizes = {"tp": plan.tp, "dp": plan.dp * plan.cp, "pp": plan.pp}
     strides, stride = {}, 1
     for axis in plan.placement:
-        strides[axis] = stride
+        if axis == "dp":
+            strides["cp"] = stride
+            strides["dp"] = stride * plan.cp
+        else:
+            strides[axis] = stride
         stride *= sizes[axis]
-    return strides
+    return {axis: strides[axis] for axis in ("tp", "cp", "dp", "pp")}
 
 
 def group_devices(plan: Plan, axis: str, *, stage: int = 0) -> range:
-    """Device indices of the ``axis`` group ('tp', 'dp' or 'pp') holding the first rank of
-    pipeline stage ``stage`` (TP rank 0, DP rank 0).
+    """Device indices of the ``axis`` group ('tp', 'cp', 'dp', 'dp_cp' or 'pp') holding the
+    first rank of pipeline stage ``stage`` (TP, CP and DP rank 0). 'dp_cp' is the dp·cp ranks
+    that reduce gradients together when cp > 1 (the dp group when cp = 1).
 
     >>> from planner.spec import Plan
     >>> list(group_devices(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), "dp", stage=1))
     [4, 6]
+    >>> p = Plan(tp=2, cp=2, pp=1, dp=2, micro_batch=1, global_batch=4)
+    >>> list(group_devices(p, "cp")), list(group_devices(p, "dp_cp"))
+    ([0, 2], [0, 2, 4, 6])
     """
     strides = mesh_strides(plan)
-    base = stage * strides["pp"]
-    size = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}[axis]
-    if axis == "pp":
-        base = 0
+    base = 0 if axis == "pp" else stage * strides["pp"]
+    if axis == "dp_cp":
+        return range(base, base + plan.dp * plan.cp * strides["cp"], strides["cp"])
+    size = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}[axis]
     return range(base, base + size * strides[axis], strides[axis])

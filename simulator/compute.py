@@ -175,10 +175,17 @@ def megatron_fused_softmax(micro_batch: int, heads_per_rank: int, seq_len: int,
 
 
 def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
-                      attention: Attention, dtype: str) -> list[Op]:
-    """Forward ops of one block on one TP rank (see the module table)."""
+                      attention: Attention, dtype: str, cp: int = 1) -> list[Op]:
+    """Forward ops of one block on one TP rank (see the module table).
+
+    With context parallelism (``cp`` > 1) the rank holds T = b·s/cp tokens of each sequence
+    and its queries meet all s keys, block by block as the key/value ring passes (Liu et al.
+    2023, "Ring Attention"); with two balanced chunks per rank the causal half is the same on
+    every rank, so attention FLOPs are 1/cp of the whole.
+    """
     s, h, f, kv = model.seq_len, model.hidden, model.ffn_hidden, model.kv_hidden
-    t, d = micro_batch * s, DTYPE_BYTES[dtype]
+    t, d = micro_batch * s // cp, DTYPE_BYTES[dtype]
+    q = s // cp  # queries of one sequence on this rank
     rep = t // tp if sequence_parallel else t  # tokens of the replicated (non-TP) region
     heads = model.num_heads // tp
     ops = [Op("norm1", bytes=2 * rep * h * d),
@@ -188,8 +195,8 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
         ops.append(Op("attn-core", flops=2 * t * s * h / tp,
                       rate=TRITON_FLASH_RATE if attention == "flash-triton" else 1.0))
     else:
-        scores = micro_batch * heads * s * s
-        ops.append(Op("attn-qk", m=s, n=s, k=model.head_dim, count=micro_batch * heads))
+        scores = micro_batch * heads * q * s
+        ops.append(Op("attn-qk", m=q, n=s, k=model.head_dim, count=micro_batch * heads))
         if megatron_fused_softmax(micro_batch, heads, s, dtype):
             ops.append(Op("attn-softmax", bytes=2 * scores * d))
         else:
@@ -200,7 +207,7 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
                     Op("attn-softmax", bytes=8 * scores),
                     Op("attn-softmax-uncast", bytes=scores * (4 + d))]
         ops += [Op("attn-dropout", bytes=2 * scores * d + scores),
-                Op("attn-av", m=s, n=model.head_dim, k=s, count=micro_batch * heads)]
+                Op("attn-av", m=q, n=model.head_dim, k=s, count=micro_batch * heads)]
     ops += [Op("out-proj", m=t, n=h, k=h // tp),
             Op("dropout-add1", bytes=3 * rep * h * d + rep * h),
             Op("norm2", bytes=2 * rep * h * d)]
@@ -249,9 +256,9 @@ class LayerCompute:
 @lru_cache(maxsize=4096)
 def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
                   attention: Attention, dtype: str, device: DeviceProfile,
-                  eff: Efficiency) -> LayerCompute:
+                  eff: Efficiency, cp: int = 1) -> LayerCompute:
     """`LayerCompute` of one block (cached: the planner calls it for many plans)."""
-    ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype)
+    ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp)
     fwd = bwd = core = 0.0
     for op in ops:
         t = op_time_s(op, device, eff, dtype)
@@ -267,11 +274,11 @@ def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel
 
 def edge_compute(model: ModelSpec, micro_batch: int, tp: int, dtype: str,
                  device: DeviceProfile, eff: Efficiency, *, first: bool,
-                 last: bool) -> tuple[float, float, float]:
+                 last: bool, cp: int = 1) -> tuple[float, float, float]:
     """(forward device s, backward device s, host s) the first / last stage adds: embedding
     lookup (read + write T·h) and position add; final norm, logits GEMM (T, V/tp, h) and the
-    vocab-parallel fp32 cross-entropy (3 passes over T·V/tp fp32)."""
-    t, d = micro_batch * model.seq_len, DTYPE_BYTES[dtype]
+    vocab-parallel fp32 cross-entropy (3 passes over T·V/tp fp32); T = b·s/cp tokens."""
+    t, d = micro_batch * model.seq_len // cp, DTYPE_BYTES[dtype]
     bw = device.memory_bandwidth_Bps * eff.memory_fraction
     fwd = bwd = host = 0.0
     if first:

@@ -8,7 +8,10 @@ Full recomputation repeats the forward, its TP collectives included, before the 
 selective repeats the attention core only (Korthikanti et al. 2022, §5). ZeRO-3 / FSDP gathers
 each layer's weights before its forward and again before its backward and reduce-scatters its
 gradients after, every micro-batch, overlapped with the layer's compute (Rajbhandari et al.
-2020, §5.3; PyTorch FSDP prefetching).
+2020, §5.3; PyTorch FSDP prefetching). Context parallelism (cp > 1) gives each rank b·s/cp
+tokens; attention passes the key/value blocks round the cp ring, cp − 1 sends per layer
+forward and, with their gradients, twice the bytes backward, each overlapped with the block
+attention it feeds (Liu et al. 2023, "Ring Attention", §3); gradients reduce over dp·cp.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from simulator.collectives import (
     group_devices,
     mesh_strides,
     p2p_boundary_time_s,
+    p2p_time_on_cluster_s,
 )
 from simulator.compute import (
     Attention,
@@ -123,8 +127,9 @@ def layer_matmul_params(model: ModelSpec) -> int:
 
 def layer_forward_flops(model: ModelSpec, plan: Plan) -> float:
     """Forward GEMM FLOPs of one layer, one micro-batch, one TP rank:
-    ``2·T·P_layer/tp + 4·T·s·h/tp`` with T = micro_batch·seq_len (full score matrix)."""
-    tokens = plan.micro_batch * model.seq_len
+    ``2·T·P_layer/tp + 4·T·s·h/tp`` with T = micro_batch·seq_len/cp tokens on the rank (full
+    score matrix)."""
+    tokens = plan.micro_batch * model.seq_len // plan.cp
     return (2 * tokens * layer_matmul_params(model)
             + 4 * tokens * model.seq_len * model.hidden) / plan.tp
 
@@ -164,7 +169,7 @@ def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) ->
     # 2 × (reduce-scatter + all-gather).
     if plan.tp == 1:
         return 0.0
-    act = plan.micro_batch * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype]
+    act = plan.micro_batch * model.seq_len // plan.cp * model.hidden * DTYPE_BYTES[plan.dtype]
     group = group_devices(plan, "tp", stage=rank)
     if plan.sequence_parallel:
         one = (collective_time_s(cluster, "reduce_scatter", act, group)
@@ -172,6 +177,37 @@ def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) ->
     else:
         one = collective_time_s(cluster, "all_reduce", act, group)
     return 2 * one
+
+
+def cp_ring_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's key/value ring on one CP rank, one
+    micro-batch, before overlap: cp − 1 steps, each sending the rank's K and V block
+    (2·b·(s/cp)·kv_hidden/tp elements) to the next rank of the ring and receiving the previous
+    rank's; backward passes the blocks and their gradients (twice the bytes). A step takes
+    the slowest hop of the ring (the one that leaves the node, if any).
+
+    >>> from planner.spec import ModelSpec
+    >>> from simulator.cluster import load_cluster
+    >>> m = ModelSpec(name="m", num_layers=2, hidden=4096, num_heads=32, num_kv_heads=8,
+    ...               ffn_hidden=14336, vocab_size=32000, seq_len=8192, activation="swiglu")
+    >>> p = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=1, global_batch=1)
+    >>> f, b = cp_ring_comm(m, p, load_cluster("dgx-h100"), 0)
+    >>> # one step: K and V of 4096 tokens x 1024 x 2 B = 16.8 MB over NVLink4 at 450 GB/s
+    >>> # plus the 1 us hop latency; backward sends twice the bytes
+    >>> round(f * 1e6, 1), round(b * 1e6, 1)
+    (38.3, 75.6)
+    """
+    if plan.cp == 1:
+        return 0.0, 0.0
+    block = 2 * plan.micro_batch * (model.seq_len // plan.cp) * model.kv_hidden / plan.tp \
+        * DTYPE_BYTES[plan.dtype]
+    ring = list(group_devices(plan, "cp", stage=rank))
+    hops = list(zip(ring, ring[1:] + ring[:1]))
+
+    def step(nbytes: float) -> float:
+        return max(p2p_time_on_cluster_s(cluster, nbytes, a, b) for a, b in hops)
+
+    return (plan.cp - 1) * step(block), (plan.cp - 1) * step(2 * block)
 
 
 def _unaggregated_s(cluster: Cluster, nbytes: float, n: int) -> float:
@@ -189,15 +225,16 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
                       options: SimOptions) -> tuple[float, float]:
     # (forward, backward) per-layer ZeRO-3 traffic: gather the weights; gather again and
     # reduce-scatter the gradients.
-    if plan.zero_stage != 3 or plan.dp == 1:
+    shard = plan.dp * plan.cp
+    if plan.zero_stage != 3 or shard == 1:
         return 0.0, 0.0
     nbytes = model.layer_params() / plan.tp * DTYPE_BYTES[plan.dtype]
-    group = group_devices(plan, "dp", stage=rank)
+    group = group_devices(plan, "dp_cp", stage=rank)
     gather = collective_time_s(cluster, "all_gather", nbytes, group)
     scatter = collective_time_s(cluster, "reduce_scatter", nbytes, group)
-    if options.zero3_unaggregated and plan.dp * plan.tp * plan.pp > cluster.devices_per_node:
-        gather = max(gather, _unaggregated_s(cluster, nbytes, plan.dp))
-        scatter = max(scatter, _unaggregated_s(cluster, nbytes, plan.dp))
+    if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
+        gather = max(gather, _unaggregated_s(cluster, nbytes, shard))
+        scatter = max(scatter, _unaggregated_s(cluster, nbytes, shard))
     return gather, gather + scatter
 
 
@@ -209,7 +246,7 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
     d = DTYPE_BYTES[plan.dtype]
     g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
     grads = params * g
-    group = group_devices(plan, "dp", stage=stage)
+    group = group_devices(plan, "dp_cp", stage=stage)
     if plan.zero_stage == 0:
         reduce, gather = collective_time_s(cluster, "all_reduce", grads, group), 0.0
     elif plan.zero_stage == 3:
@@ -219,7 +256,7 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
         gather = collective_time_s(cluster, "all_gather", params * d, group)
     # Adam: read gradients, read/write master weights and both moments, write weights.
     per_param = g + 2 * optimizer_bytes_per_param(plan.dtype) + (d if d < 4 else 0)
-    shard = plan.dp if plan.zero_stage >= 1 else 1
+    shard = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
     bucket = options.dp_bucket_bytes
     return {"dp_comm_s": reduce, "dp_gather_s": gather,
             "dp_buckets": max(1, math.ceil(grads / bucket)) if bucket else 1,
@@ -230,7 +267,7 @@ def check_cluster(plan: Plan, cluster: Cluster) -> None:
     """Raise `PlanError` with the arithmetic when the plan needs more devices than exist."""
     if plan.world_size > cluster.num_devices:
         raise PlanError(
-            f"tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.world_size} > "
+            f"{plan.degrees} > "
             f"devices({cluster.num_devices}) of cluster {cluster.name!r} "
             f"({cluster.num_nodes} nodes x {cluster.devices_per_node})")
 
@@ -249,6 +286,12 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
     if options.tp_comm_overlap:
         fwd_comm, bwd_comm = max(0.0, fwd_comm - fwd_dev), max(0.0, bwd_comm - bwd_dev)
+    # The CP ring hides under the block attention it feeds: only the excess shows.
+    ring_f, ring_b = cp_ring_comm(model, plan, cluster, rank)
+    core_b = lc.attn_core_fwd_s * (2.5 if options.attention != "unfused" else 2.0)
+    cp_f = max(0.0, ring_f - lc.attn_core_fwd_s)
+    fwd_comm += cp_f
+    bwd_comm += max(0.0, ring_b - core_b) + (cp_f if plan.recompute == "full" else 0.0)
     # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows, and
     # only the prefetched share of a layer's gather can hide (`SimOptions`). On a CPU
     # cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
@@ -288,18 +331,19 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if getattr(cluster, "cpu_costs", None) is not None:     # calibrated localhost-cpu only
+    if getattr(cluster, "cpu_costs", None) is not None and plan.cp == 1:  # calibrated CPU
         from simulator.cpu_model import cpu_stage_costs
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
             return calibrated
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                       options.attention, plan.dtype, dev, eff)
+                       options.attention, plan.dtype, dev, eff, plan.cp)
     host_re = {"full": lc.host_fwd_s, "none": 0.0,
                "selective": eff.host_op_s * 4}[plan.recompute]
     bandwidth = dev.memory_bandwidth_Bps * eff.memory_fraction
-    act_bytes = plan.micro_batch * model.seq_len * model.hidden * DTYPE_BYTES[plan.dtype]
+    act_bytes = plan.micro_batch * model.seq_len // plan.cp * model.hidden \
+        * DTYPE_BYTES[plan.dtype]
     # Megatron's scatter-gather P2P sends 1/tp of the activation per TP rank; the all-gather
     # inside the node is not counted.
     p2p_bytes = act_bytes / plan.tp if options.p2p_scatter_gather else act_bytes
@@ -309,7 +353,8 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     for g, layers in enumerate(chunks):
         rank = g % pp
         e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
-                                            eff, first=g == 0, last=g == len(chunks) - 1)
+                                            eff, first=g == 0, last=g == len(chunks) - 1,
+                                            cp=plan.cp)
         fwd, bwd, fwd_comm, bwd_comm = _chunk_times(
             model, plan, cluster, options, rank, layers, lc, (e_fwd, e_bwd, e_host), host_re)
         src = rank * stride

@@ -78,9 +78,10 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     plus 5·a·s²·b for the scores. Of these, 10·s·b·h (norms, block inputs, dropout masks) is
     replicated over TP unless sequence parallelism shards it. Full recomputation keeps only the
     layer input (2·s·b·h); selective drops the 5·a·s²·b term. 16-bit bytes; scaled by
-    dtype_bytes / 2.
+    dtype_bytes / 2. Context parallelism keeps s/cp tokens per rank (scores: s/cp queries by
+    s keys).
     """
-    s, b, h, t = model.seq_len, plan.micro_batch, model.hidden, plan.tp
+    s, b, h, t = model.seq_len // plan.cp, plan.micro_batch, model.hidden, plan.tp
     scale = DTYPE_BYTES[plan.dtype] / 2
     if plan.recompute == "full":
         return 2 * s * b * h * scale / (t if plan.sequence_parallel else 1)
@@ -88,7 +89,8 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     linear = (7 * h + 4 * model.kv_hidden) + mlp + 4 * h
     replicated = 10 * h
     per_token = (linear / t) if plan.sequence_parallel else (replicated + (linear - replicated) / t)
-    scores = 0.0 if plan.recompute == "selective" else 5 * model.num_heads * s * s * b / t
+    scores = 0.0 if plan.recompute == "selective" else \
+        5 * model.num_heads * s * model.seq_len * b / t
     return (s * b * per_token + scores) * scale
 
 
@@ -110,7 +112,7 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
 def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
     # Embedding output on the first stage (2sbh, Korthikanti §4.3); final norm input plus fp32
     # logits (4·s·b·V / tp) on the last.
-    s, b, h = model.seq_len, plan.micro_batch, model.hidden
+    s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
     extra = 0.0
     if stage == 0:
@@ -125,7 +127,8 @@ def memory_per_stage(model: ModelSpec, plan: Plan,
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
-    stage 1 shards optimizer states over dp, 2 also gradients, 3 also weights. Activations are
+    stage 1 shards optimizer states over dp (dp·cp with context parallelism, as Megatron's
+    distributed optimizer does), 2 also gradients, 3 also weights. Activations are
     `layer_activation_bytes` × the stage's layers × `microbatches_in_flight`, plus the
     embedding / logits on the first / last stage.
 
@@ -142,12 +145,12 @@ def memory_per_stage(model: ModelSpec, plan: Plan,
         params = stage_params(model, plan, stage)
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        z = plan.zero_stage
+        z, shard = plan.zero_stage, plan.dp * plan.cp
         out.append(MemoryBreakdown(
-            weights_bytes=params * d / (plan.dp if z >= 3 else 1),
-            gradients_bytes=params * d / (plan.dp if z >= 2 else 1),
+            weights_bytes=params * d / (shard if z >= 3 else 1),
+            gradients_bytes=params * d / (shard if z >= 2 else 1),
             optimizer_bytes=params * optimizer_bytes_per_param(plan.dtype)
-            / (plan.dp if z >= 1 else 1),
+            / (shard if z >= 1 else 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))
     return out

@@ -1,8 +1,8 @@
-"""Placement: which device each rank's (dp, pp, tp) coordinate runs on, and which parallel
-groups cross node (and leaf) boundaries.
+"""Placement: which device each rank's (pp, dp, cp, tp) coordinate runs on, and which
+parallel groups cross node (and leaf) boundaries.
 
-Ranks are numbered as a torch DeviceMesh of dims ``("pp", "dp", "tp")`` numbers them (tp
-fastest). The device of a coordinate follows ``plan.placement`` (mesh axes innermost first):
+Ranks are numbered as a torch DeviceMesh of dims ``("pp", "dp", "cp", "tp")`` numbers them
+(tp fastest; cp has size 1 unless the plan is context-parallel). The device of a coordinate follows ``plan.placement`` (mesh axes innermost first):
 ``device = Σ coord[axis] · stride[axis]`` with strides from `mesh_strides`, so the default
 ``('tp', 'dp', 'pp')`` maps rank r to device r, and ``('dp', 'tp', 'pp')`` spreads each TP
 group over DP-many devices.
@@ -19,14 +19,14 @@ from simulator.cluster import Cluster
 from simulator.collectives import mesh_strides
 
 #: Mesh dims in rank order, outermost first (torchtitan / DeviceMesh convention).
-RANK_ORDER = ("pp", "dp", "tp")
+RANK_ORDER = ("pp", "dp", "cp", "tp")
 
 
 def rank_coords(plan: Plan) -> np.ndarray:
-    """``(world_size, 3)`` array of each rank's ``(pp, dp, tp)`` coordinate.
+    """``(world_size, 4)`` array of each rank's ``(pp, dp, cp, tp)`` coordinate.
 
     >>> rank_coords(Plan(tp=2, pp=1, dp=2, micro_batch=1, global_batch=2)).tolist()
-    [[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1]]
+    [[0, 0, 0, 0], [0, 0, 0, 1], [0, 1, 0, 0], [0, 1, 0, 1]]
     """
     sizes = [getattr(plan, a) for a in RANK_ORDER]
     return np.stack(np.unravel_index(np.arange(plan.world_size), sizes), axis=1)
@@ -63,13 +63,14 @@ class AxisGroups:
 
 
 def placement_report(plan: Plan, cluster: Cluster) -> list[AxisGroups]:
-    """For each of tp, dp and pp: its groups and how many span more than one node / leaf.
+    """For each of tp, cp (when cp > 1), dp and pp: its groups and how many span more than
+    one node / leaf.
 
     Raises:
         PlanError: the plan needs more devices than the cluster has.
     """
     if plan.world_size > cluster.num_devices:
-        raise PlanError(f"tp*pp*dp = {plan.world_size} > devices({cluster.num_devices}) of "
+        raise PlanError(f"{plan.degrees} > devices({cluster.num_devices}) of "
                         f"cluster {cluster.name!r}")
     devices = rank_to_device(plan)
     sizes = [getattr(plan, a) for a in RANK_ORDER]
@@ -77,6 +78,8 @@ def placement_report(plan: Plan, cluster: Cluster) -> list[AxisGroups]:
     strides = mesh_strides(plan)
     out = []
     for i, axis in enumerate(RANK_ORDER):
+        if axis == "cp" and plan.cp == 1:
+            continue
         groups = np.moveaxis(grid, i, -1).reshape(-1, sizes[i])
         nodes = groups // cluster.devices_per_node
         leaves = nodes // cluster.nodes_per_leaf
@@ -87,4 +90,4 @@ def placement_report(plan: Plan, cluster: Cluster) -> list[AxisGroups]:
             crossing_node=int((nodes != nodes[:, :1]).any(axis=1).sum()),
             max_nodes=int(spans.max()),
             crossing_leaf=int((leaves != leaves[:, :1]).any(axis=1).sum())))
-    return sorted(out, key=lambda g: ("tp", "dp", "pp").index(g.axis))
+    return sorted(out, key=lambda g: ("tp", "cp", "dp", "pp").index(g.axis))

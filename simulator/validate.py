@@ -295,6 +295,7 @@ def _published_case(row: dict) -> RunCase:
         vocab = 250680 if fam == "bloom" else 32000 if swiglu else 51200
         flags.append(f"vocab={vocab} (default)")
     tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
+    cp = int(_num(row.get("cp", "")) or 1)
     gb = int(row["global_batch"])
     mb = _num(row["micro_batch"])
     sc21 = SC21_TABLE_1.get((h, layers)) if "Table 1" in row["table"] and \
@@ -357,7 +358,7 @@ def _published_case(row: dict) -> RunCase:
         flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
                      " (examples/sc21/run_table_1.sh)")
     dtype = "fp16" if fam in ("megatron", "megatron-deepspeed") else "bf16"
-    plan = Plan(tp=tp, pp=pp, dp=dp, micro_batch=int(mb), global_batch=gb,
+    plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
                 stage_layers=split)

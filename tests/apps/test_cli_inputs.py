@@ -91,3 +91,18 @@ def test_tables_wider_than_the_terminal_keep_every_cell_whole():
     assert any(all(f"column{i}" in line for i in range(10)) for line in lines)
     assert any("9000" in line and "1000" in line for line in lines)
     assert console.width == 40                            # restored afterwards
+
+
+def test_a_context_parallel_plan_is_simulated_but_not_run(tmp_path):
+    # tiny-gpt on 4 CPU ranks with cp = 2: the simulator predicts it; `run` refuses it with
+    # the fix before any worker starts.
+    plan = tmp_path / "cp.yaml"
+    made = _meshplan("plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks",
+                     "4", "--global-batch", "8", "--fix", "cp=2", "--out", str(plan))
+    assert made.returncode == 0, made.stderr
+    assert "cp: 2" in plan.read_text()
+    sim = _meshplan("simulate", str(plan), "--json")
+    assert sim.returncode == 0 and json.loads(sim.stdout)["step_time_s"] > 0
+    proc = _meshplan("run", str(plan), "--steps", "1")
+    assert proc.returncode == 2 and "cp=2" in proc.stderr and "--fix cp=1" in proc.stderr
+    assert "Traceback" not in proc.stderr
