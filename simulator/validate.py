@@ -249,9 +249,14 @@ def gpu_cluster(row: dict, family: str) -> tuple[str, list[str]]:
             flags.append("gpu=H100 SXM (form factor not stated)")
         return "dgx-h100", flags
     if "h200" in gpu:
+        if "gh200" in gpu:
+            flags.append("gpu=H200 SXM node for GH200 (same GPU die and HBM3e)")
         return "dgx-h200", flags
     if "b200" in gpu:
         return "dgx-b200", flags
+    if "a800" in gpu:
+        flags.append("gpu=A100 for A800 (same chip; NVLink 400 GB/s instead of 600)")
+        gpu = gpu.replace("a800", "a100")
     if "a100" in gpu:
         if "jeanzay" in gpu or (family == "bloom" and "dgx" not in gpu):
             return "jean-zay-a100", flags
@@ -275,6 +280,50 @@ def _is_swiglu(row: dict) -> bool:
     return any(name in text for name in SWIGLU_FAMILIES) or "swiglu" in text
 
 
+def _zero_stage(cell: str) -> int:
+    """The ZeRO stage a ``zero_stage`` cell names.
+
+    >>> [_zero_stage(c) for c in ("0", "1.0", "ZeRO-2", "FSDP FULL_SHARD", "HSDP",
+    ...                           "distributed optimizer", "SHARD_GRAD_OP")]
+    [0, 1, 2, 3, 3, 1, 2]
+
+    Raises:
+        PlanError: the cell names no stage.
+    """
+    low = cell.lower()
+    if "grad_op" in low:
+        return 2                    # FSDP SHARD_GRAD_OP: gradients and optimizer states
+    if "fsdp" in low or "full_shard" in low or "hsdp" in low:
+        return 3
+    if "distributed" in low:
+        return 1                    # Megatron's distributed optimizer shards Adam states
+    digits = re.findall(r"\d+", low)
+    if digits and int(digits[0]) in (0, 1, 2, 3):
+        return int(digits[0])
+    raise PlanError(f"zero_stage={cell!r} names no ZeRO stage; use 0-3, 'ZeRO-N' or 'FSDP ...'")
+
+
+def _degrees(row: dict, flags: list[str]) -> tuple[int, int, int, int]:
+    # (tp, cp, pp, dp); an empty tp, cp or pp is 1 and an empty dp fills num_gpus, flagged.
+    def degree(name: str) -> int | None:
+        value = _num(row.get(name, ""))
+        return int(value) if value else None
+
+    tp, cp, pp, dp = (degree(k) for k in ("tp", "cp", "pp", "dp"))
+    for name, value in (("tp", tp), ("pp", pp)):
+        if value is None:
+            flags.append(f"{name}=1 (default)")
+    tp, cp, pp = tp or 1, cp or 1, pp or 1
+    if dp is None:
+        gpus = int(row["num_gpus"])
+        if gpus % (tp * cp * pp):
+            raise PlanError(f"dp is empty and num_gpus={gpus} is not a multiple of tp*cp*pp = "
+                            f"{tp * cp * pp}; give dp")
+        dp = gpus // (tp * cp * pp)
+        flags.append(f"dp={dp} (num_gpus / (tp*cp*pp))")
+    return tp, cp, pp, dp
+
+
 def _published_case(row: dict) -> RunCase:
     flags: list[str] = []
     fam = _family(row)
@@ -294,8 +343,7 @@ def _published_case(row: dict) -> RunCase:
     if vocab is None:
         vocab = 250680 if fam == "bloom" else 32000 if swiglu else 51200
         flags.append(f"vocab={vocab} (default)")
-    tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
-    cp = int(_num(row.get("cp", "")) or 1)
+    tp, cp, pp, dp = _degrees(row, flags)
     gb = int(row["global_batch"])
     mb = _num(row["micro_batch"])
     sc21 = SC21_TABLE_1.get((h, layers)) if "Table 1" in row["table"] and \
@@ -309,25 +357,23 @@ def _published_case(row: dict) -> RunCase:
     rec = (row["recompute"] or "").strip().lower()
     if rec.startswith("selective"):
         recompute = "selective"
-    elif rec.startswith("full"):
+    elif rec.startswith(("full", "yes", "true", "on")):
         recompute = "full"
-    elif rec.startswith("none"):
+    elif rec.startswith(("none", "no", "false", "off")):
         recompute = "none"
     else:
         recompute = "none" if fam in ("megatron-core", "mpt") else "full"
         flags.append(f"recompute={recompute} (default)")
     sp_cell = (row["sequence_parallel"] or "").strip().lower()
-    if sp_cell in ("yes", "no"):
-        sp = sp_cell == "yes"
+    if sp_cell in ("yes", "no", "true", "false", "on", "off"):
+        sp = sp_cell in ("yes", "true", "on") and tp > 1
     else:
         sp = fam == "megatron-core" and tp > 1
         if tp > 1:
             flags.append(f"sequence_parallel={sp} (default)")
     z_cell = (row["zero_stage"] or "").strip()
-    if z_cell.startswith("FSDP"):
-        zero = 3
-    elif z_cell:
-        zero = int(float(z_cell))
+    if z_cell:
+        zero = _zero_stage(z_cell)
     else:
         zero = {"megatron-core": 1, "bloom": 1, "megatron-deepspeed": 1}.get(fam, 0)
         if zero and dp > 1:

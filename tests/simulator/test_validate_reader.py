@@ -84,3 +84,14 @@ def test_bad_rows_are_skipped_with_their_reason(tmp_path):
     assert set(reasons) == {"v100", "blank"} and "V100" in reasons["v100"]
     with pytest.raises(PlanError, match="v100"):
         read_runs(path)
+
+
+def test_degrees_fill_in_and_cp_is_read(tmp_path):
+    # 64 GPUs, tp = 8, cp = 2, pp and dp empty: pp = 1 (flagged), dp = 64 / (8*2*1) = 4.
+    path = _write(tmp_path, [_row(id="c", gpu="H100 SXM", num_gpus=64, tp=8, cp=2, pp="",
+                                  dp="", seq_len=8192, global_batch=16, micro_batch=1,
+                                  zero_stage="ZeRO-1")])
+    case = read_runs(path)[0]
+    assert (case.plan.tp, case.plan.cp, case.plan.pp, case.plan.dp) == (8, 2, 1, 4)
+    assert case.plan.zero_stage == 1 and case.plan.world_size == 64
+    assert "pp=1 (default)" in case.flags and "dp=4 (num_gpus / (tp*cp*pp))" in case.flags
