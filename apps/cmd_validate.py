@@ -70,7 +70,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         write_csv(result["rows"], args.csv)
     if getattr(args, "plot", None) and result["rows"]:
         plot_scatter({Path(args.runs).stem: result}, args.plot)
+    by = tuple(f.strip() for f in args.by.split(",")) if getattr(args, "by", None) else ()
+    if by:
+        from simulator.validate import error_by
+        table = error_by(args.runs, by, result)
     if args.json:
+        if by:
+            result = {**result, "by": {"fields": list(by), "groups": table.reset_index()
+                                       .to_dict(orient="records"),
+                                       "mape_if_unbiased": table.attrs["mape_if_unbiased"]}}
         print(json.dumps(result))
         return 0
     console = Console()
@@ -86,6 +94,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     worst = max(result["rows"], key=lambda r: abs(r["rel_error"]))
     console.print(f"{len(df)} rows  MAPE {fmt_pct(result['mape'])}  worst {worst['id']} "
                   f"({worst['model']}) {100 * worst['rel_error']:+.1f}%", highlight=False)
+    if by:
+        pct = "{:.1%}".format
+
+        def cell(x: object) -> str:     # iterrows turns a mixed row's ints into floats
+            return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+        print_table(console, table.reset_index(), f"error by {', '.join(by)}",
+                    {**{f: (f, cell) for f in by}, "rows": ("rows", cell),
+                     "bias": ("bias", "{:+.1%}".format), "mape": ("MAPE", pct),
+                     "spread": ("spread", pct)})
+        console.print(f"MAPE once each group's bias is removed: "
+                      f"{fmt_pct(table.attrs['mape_if_unbiased'])}", highlight=False)
     lines = defaults_used(result["rows"])
     if lines:
         console.print("settings the rows do not give (documented defaults; per row in "
@@ -102,6 +121,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "ground_truth_*.csv (format detected by header)")
     sv.add_argument("--top", type=int, help="rows to print (default all)")
     sv.add_argument("--plot", metavar="PNG", help="also write a predicted-vs-reference plot")
+    sv.add_argument("--by", metavar="FIELD[,FIELD]", help="also print the error grouped by "
+                    "plan or model fields, e.g. --by hidden,tp,micro_batch (bias, MAPE and "
+                    "spread per group)")
     sv.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sv.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
     sv.set_defaults(func=cmd_validate)

@@ -538,3 +538,46 @@ def validate_runs(path: str | Path) -> dict:
     errors = [abs(r["rel_error"]) for r in rows]
     return {"rows": rows, "mape": sum(errors) / len(errors) if errors else 0.0,
             "max_abs_rel_error": max(errors, default=0.0), "skipped": skipped}
+
+
+#: Fields `error_by` can group rows by: plan fields, model fields, and the GPU count.
+GROUP_FIELDS = ("tp", "cp", "pp", "dp", "micro_batch", "virtual_stages", "recompute",
+                "zero_stage", "hidden", "num_layers", "num_heads", "seq_len", "num_gpus",
+                "cluster")
+
+
+def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = None):
+    """Mean signed error, MAPE, spread and row count of a runs table grouped by ``fields``.
+
+    A model that is right on average but wrong by configuration shows a bias per group with a
+    small spread inside it. Returns a pandas DataFrame indexed by ``fields`` with columns
+    ``rows``, ``bias`` (mean rel_error), ``mape`` and ``spread`` (standard deviation of
+    rel_error), plus ``mape_if_unbiased``: the table's MAPE once each group's bias is removed
+    (in ``DataFrame.attrs``).
+
+    Raises:
+        PlanError: a field is not one of `GROUP_FIELDS`.
+    """
+    import pandas as pd
+    bad = [f for f in fields if f not in GROUP_FIELDS]
+    if bad or not fields:
+        raise PlanError(f"--by {','.join(bad) or '(empty)'}: group by any of "
+                        f"{', '.join(GROUP_FIELDS)}")
+    result = result or validate_runs(path)
+    cases = {c.id: c for c in read_runs(path, [])}
+    records = []
+    for row in result["rows"]:
+        c = cases[row["id"]]
+        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name}
+        for f in fields:
+            if f not in values:
+                values[f] = getattr(c.plan, f) if hasattr(c.plan, f) else getattr(c.model, f)
+        records.append({**{f: values[f] for f in fields}, "rel_error": row["rel_error"]})
+    df = pd.DataFrame(records)
+    groups = df.groupby(list(fields))["rel_error"]
+    out = pd.DataFrame({"rows": groups.size(), "bias": groups.mean(),
+                        "mape": groups.apply(lambda e: e.abs().mean()),
+                        "spread": groups.std(ddof=0)})
+    out.attrs["mape_if_unbiased"] = float((df["rel_error"] - groups.transform("mean"))
+                                          .abs().mean())
+    return out

@@ -95,3 +95,22 @@ def test_degrees_fill_in_and_cp_is_read(tmp_path):
     assert (case.plan.tp, case.plan.cp, case.plan.pp, case.plan.dp) == (8, 2, 1, 4)
     assert case.plan.zero_stage == 1 and case.plan.world_size == 64
     assert "pp=1 (default)" in case.flags and "dp=4 (num_gpus / (tp*cp*pp))" in case.flags
+
+
+def test_error_by_groups_bias_mape_and_spread(tmp_path):
+    from simulator.validate import error_by
+    path = _write(tmp_path, [_row(id="a", gpu="A100 80GB", micro_batch=4),
+                             _row(id="b", gpu="A100 80GB", micro_batch=4),
+                             _row(id="c", gpu="A100 80GB", micro_batch=2)])
+    # Errors chosen by hand: micro-batch 4 has +10% and +30%, micro-batch 2 has -20%.
+    result = {"rows": [{"id": i, "num_gpus": 8, "rel_error": e}
+                       for i, e in (("a", 0.1), ("b", 0.3), ("c", -0.2))]}
+    table = error_by(path, ("micro_batch",), result)
+    assert table.loc[4, "rows"] == 2 and table.loc[4, "bias"] == pytest.approx(0.2)
+    assert table.loc[4, "mape"] == pytest.approx(0.2)
+    assert table.loc[4, "spread"] == pytest.approx(0.1)
+    assert table.loc[2, "bias"] == pytest.approx(-0.2)
+    # Remove each group's bias: |0.1-0.2|, |0.3-0.2|, |-0.2+0.2| -> mean 0.2/3.
+    assert table.attrs["mape_if_unbiased"] == pytest.approx(0.2 / 3)
+    with pytest.raises(PlanError, match="group by any of"):
+        error_by(path, ("colour",), result)
