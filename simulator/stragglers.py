@@ -166,8 +166,12 @@ def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
     With no straggler in effect (every factor 1) this equals `simulate_pipeline`.
 
     Raises:
-        PlanError: a straggler rank that does not exist or a factor below 1.
+        PlanError: a straggler rank that does not exist or a factor below 1, or a
+            context-parallel plan (its ranks are not numbered by the runtime's mesh).
     """
+    if plan.cp > 1:
+        raise PlanError(f"stragglers on a context-parallel plan (cp={plan.cp}) are not "
+                        f"modelled; simulate it without --straggler")
     profiles = replica_profiles(plan, stragglers)
     pp = plan.pp
     runs = {p: _backward_ends(slowed_costs(costs, p), plan) for p in profiles}
