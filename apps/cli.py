@@ -29,12 +29,12 @@ from apps.plan_options import add_plan_options, global_batch_of, json_extras, re
 from planner import __version__
 from planner.planfile import PlanFile, read_plan_file, write_plan_file
 from planner.presets import load_model, model_names
-from planner.spec import PlanError
+from planner.spec import PlanError, training_flops_per_token
 
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
 #: Further plan fields the JSON rows carry when the search table has them (as --csv does).
-PLAN_JSON_EXTRA = ["virtual_stages", "schedule", "recompute", "zero_stage",
+PLAN_JSON_EXTRA = ["cp", "virtual_stages", "schedule", "recompute", "zero_stage",
                    "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s"]
 PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
               "micro_batch": ("mb", None), "virtual_stages": ("v", None),
@@ -110,6 +110,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         if not ranked.empty:
             columns = dict(PLAN_TABLE)
+            if "cp" in ranked and (ranked["cp"].head(args.top) > 1).any():
+                columns = {"tp": columns["tp"], "cp": ("cp", None),
+                           **{k: v for k, v in columns.items() if k != "tp"}}
             columns.update({k: v for k, v in goodput_table_columns().items() if k in ranked})
             shown = ranked.head(args.top)
             if (shown["placement"] != "tp.dp.pp").any():
@@ -170,6 +173,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         console.print(f"  {key:<18} {fmt_time_s(out[key])}")
     console.print(f"  {'tokens_per_s':<18} {fmt_rate(out['tokens_per_s'])} (global)")
     console.print(f"  {'mfu':<18} {fmt_pct(out['mfu'])}   hfu {fmt_pct(out['hfu'])}")
+    m = pf.model
+    share = 12.0 * m.num_layers * m.num_heads * m.head_dim * m.seq_len \
+        / training_flops_per_token(m)
+    if share > 0.5:
+        console.print(f"  {'':<18} (MFU and HFU count the full score matrix, as PaLM and "
+                      f"Megatron do: at seq {m.seq_len:,} it is {share:.0%} of the count, "
+                      f"and causal attention executes half of it)", highlight=False)
     console.print(f"  {'peak_memory':<18} {fmt_bytes(out['peak_memory_bytes'])} per rank")
     return 0
 
@@ -250,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
     sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}) or YAML")
-    sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, localhost-cpu)")
+    sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, dgx-h200, "
+                    "dgx-b200, dgx-h100-roce, pcie-a100, localhost-cpu) or a cluster YAML file")
     sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")
     sp.add_argument("--ranks", type=int, help="processes on localhost-cpu (default 4)")
     sp.add_argument("--global-batch", type=int, help="sequences per step (default: 4M tokens "

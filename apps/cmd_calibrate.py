@@ -4,12 +4,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from apps.format import fmt_time_s
 from planner.spec import PlanError
+
+
+def load_warning(load: float | None = None, cores: int | None = None) -> str:
+    """A warning when other processes keep this machine's cores busy ('' when it is idle):
+    a profile measured under load predicts every later, quieter run too slow.
+
+    ``load`` is the 1-minute load average (``os.getloadavg``), ``cores`` the usable cores.
+
+    >>> load_warning(0.2, 2)
+    ''
+    >>> load_warning(1.6, 2)[:33]
+    'warning: load average 1.6 on 2 co'
+    """
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:                 # not available on this platform
+            return ""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    if load <= 0.5 * cores:
+        return ""
+    return (f"warning: load average {load:.1f} on {cores} cores: other processes are "
+            f"running, so the profile will measure a busy machine; calibrate when it is idle")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -21,6 +47,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag}={value} must be >= {low} (e.g. {flag} 4)")
     models = sweep_models()
     specs = [models[name] for name in args.models] if args.models else list(models.values())
+    if warning := load_warning():
+        console.print(warning, highlight=False)
     console.print(f"calibrating this machine for {', '.join(s.name for s in specs)}: compute "
                   f"with 1..{args.ranks} processes at once, gloo on up to {args.ranks} ranks "
                   f"(1 thread per rank)", highlight=False)

@@ -31,12 +31,14 @@ def launch_env() -> dict[str, str]:
 
 
 def check_nodes_fit(plan_path: str, nodes: int) -> None:
-    """Raise `PlanError` when ``nodes`` would put more workers on a node than the plan's
-    cluster has devices per node (a GPU cluster named in the plan file), naming the node
-    count that fits; localhost plans and user clusters that cannot be loaded pass."""
-    from planner.planfile import read_plan_file
+    """Raise `PlanError` when the runtime cannot run the plan (`check_runnable`), or when
+    ``nodes`` would put more workers on a node than the plan's cluster has devices per node (a
+    GPU cluster named in the plan file), naming the node count that fits; localhost plans and
+    user clusters that cannot be loaded pass the second check."""
+    from planner.planfile import check_runnable, read_plan_file
     from simulator.cluster import load_cluster
     pf = read_plan_file(plan_path)
+    check_runnable(pf.plan)
     try:
         cluster = load_cluster(pf.cluster["name"], nodes=pf.cluster.get("nodes"))
     except PlanError:

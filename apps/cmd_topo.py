@@ -121,7 +121,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
         from planner.planfile import read_plan_file
         from simulator.placement import placement_report
         plan = read_plan_file(args.plan).plan
-        out["placement"] = {"plan": plan.id, "order": list(plan.placement),
+        # The cp ranks of a group sit innermost in the dp axis (Megatron's tp-cp-dp-pp).
+        order = [a for axis in plan.placement
+                 for a in (("cp", "dp") if axis == "dp" and plan.cp > 1 else (axis,))]
+        out["placement"] = {"plan": plan.id, "order": order,
                             "groups": [g.to_dict() for g in placement_report(plan, cluster)]}
     if args.png:
         out["png"] = draw_png(cluster, args.png, max_nodes=args.draw_nodes)

@@ -248,7 +248,7 @@ def summary_line(result: dict) -> str:
             f"{worst['id']} {100 * worst['rel_error']:+.1f}%; Spearman "
             f"{_fmt_corr(result['spearman'])}; predicted best {result.get('predicted_best')} vs "
             f"measured best {result.get('measured_best')}: {match} "
-            f"(within {100 * BEST_PLAN_TOLERANCE:.0f}%)")
+            f"(a plan within {100 * BEST_PLAN_TOLERANCE:.0f}% of the measured best counts)")
 
 
 def plot_compare(df: pd.DataFrame, path: Path, result: dict | None = None) -> None:

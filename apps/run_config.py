@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from planner import __version__
-from planner.planfile import read_plan_file
+from planner.planfile import check_runnable, read_plan_file
 from planner.spec import PlanError
 
 RUN_CONFIG_NAME = "run_config.json"
@@ -82,10 +82,7 @@ def check_run_args(args) -> None:
 
     from runtime.elastic import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
-    if pf.plan.cp > 1:
-        raise PlanError(f"plan {pf.plan.id} has cp={pf.plan.cp}: the runtime does not execute "
-                        f"context parallelism (the simulator and planner model it); emit the "
-                        f"plan with --fix cp=1 to run it")
+    check_runnable(pf.plan)
     if args.steps < 1:
         raise PlanError(f"--steps={args.steps} must be >= 1")
     if args.max_restarts < 0:

@@ -84,6 +84,15 @@ def plan_from_dict(fields: dict) -> Plan:
     return Plan(**data)
 
 
+def check_runnable(plan: Plan) -> None:
+    """Raise `PlanError` when the runtime cannot execute ``plan``: context parallelism
+    (cp > 1) is simulated and planned but not executed."""
+    if plan.cp > 1:
+        raise PlanError(f"plan {plan.id} has cp={plan.cp}: the runtime does not execute "
+                        f"context parallelism (the simulator and planner model it); emit the "
+                        f"plan with --fix cp=1 to run it")
+
+
 def write_plan_file(path: str | Path, plan_file: PlanFile) -> Path:
     """Write ``plan_file`` as YAML to ``path`` (parent folders created) and return the path."""
     path = Path(path)

@@ -22,7 +22,7 @@ from simulator.cluster import Cluster
 from simulator.memory import MemoryBreakdown, memory_per_stage
 from simulator.simulate import StepPrediction, estimate, simulate
 
-RANKED_COLUMNS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "recompute",
+RANKED_COLUMNS = ["id", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "recompute",
                   "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "hfu",
                   "peak_memory_bytes", "tier", "schedule", "virtual_stages", "zero_stage",
                   "placement"]

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from planner.planfile import PlanFile, read_plan_file
+from planner.planfile import PlanFile, check_runnable, read_plan_file
 from planner.spec import PlanError, check_plan
 from runtime.data import ByteBatches, read_corpus
 from runtime.elastic import Resilience, StopTraining, fault_args_error, resume_folder
@@ -143,10 +143,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
     """
     pf = read_plan_file(args.plan)
     model, plan = pf.model, pf.plan
-    if plan.cp > 1:
-        raise PlanError(f"plan {plan.id} has cp={plan.cp}: the runtime does not execute "
-                        f"context parallelism (the simulator and planner model it); emit the "
-                        f"plan with --fix cp=1 to run it")
+    check_runnable(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != plan.world_size:
         raise PlanError(f"plan {plan.id} needs world_size tp*pp*dp = {plan.tp}*{plan.pp}*"

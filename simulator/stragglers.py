@@ -50,9 +50,8 @@ def rank_coordinates(plan: Plan, rank: int) -> dict[str, int]:
     """
     world = plan.world_size
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise PlanError(f"straggler rank={rank!r} does not exist: the plan has tp*pp*dp = "
-                        f"{plan.tp}*{plan.pp}*{plan.dp} = {world} ranks; use a rank in "
-                        f"0..{world - 1}")
+        raise PlanError(f"straggler rank={rank!r} does not exist: the plan has "
+                        f"{plan.degrees} ranks; use a rank in 0..{world - 1}")
     coords, rest = {}, rank
     for axis in plan.placement:                     # innermost (fastest varying) first
         size = getattr(plan, axis)

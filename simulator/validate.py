@@ -363,7 +363,7 @@ def _published_case(row: dict) -> RunCase:
         recompute = "none"
     else:
         recompute = "none" if fam in ("megatron-core", "mpt") else "full"
-        flags.append(f"recompute={recompute} (default)")
+        flags.append(f"recompute={recompute} (default for {fam} rows)")
     sp_cell = (row["sequence_parallel"] or "").strip().lower()
     if sp_cell in ("yes", "no", "true", "false", "on", "off"):
         sp = sp_cell in ("yes", "true", "on") and tp > 1
@@ -475,6 +475,9 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
         PlanError: the header matches neither format, or (``skipped`` not given) a row is bad.
     """
     path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"--runs {str(path)!r}: no such file; give published_runs.csv or a "
+                        f"vTrain ground_truth_*.csv (e.g. ../shared/data/published_runs.csv)")
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     header = set(rows[0]) if rows else set()

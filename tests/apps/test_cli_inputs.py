@@ -106,3 +106,16 @@ def test_a_context_parallel_plan_is_simulated_but_not_run(tmp_path):
     proc = _meshplan("run", str(plan), "--steps", "1")
     assert proc.returncode == 2 and "cp=2" in proc.stderr and "--fix cp=1" in proc.stderr
     assert "Traceback" not in proc.stderr
+    launch = _meshplan("launch", str(plan), "--nodes", "1", "--rdzv-endpoint", "h:29500")
+    assert launch.returncode == 2 and "--fix cp=1" in launch.stderr
+    # The ranked table and the JSON rows name cp; topo lists it inside dp.
+    table = _meshplan("plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks",
+                      "4", "--global-batch", "8", "--fix", "cp=2", "--json")
+    assert {row["cp"] for row in json.loads(table.stdout)["plans"]} == {2}
+    topo = _meshplan("topo", "localhost-cpu", "--plan", str(plan), "--json")
+    assert json.loads(topo.stdout)["placement"]["order"] == ["tp", "cp", "dp", "pp"]
+
+
+def test_validate_names_a_missing_runs_file(tmp_path):
+    proc = _meshplan("validate", "--runs", str(tmp_path / "nothere.csv"))
+    assert proc.returncode == 2 and "--runs" in proc.stderr and "no such file" in proc.stderr

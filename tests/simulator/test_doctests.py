@@ -18,7 +18,7 @@ def test_module_doctests_pass(name):
 
 @pytest.mark.parametrize("name", ["simulator.stragglers", "simulator.validate",
                                   "simulator.compute", "simulator.cpu_model", "simulator.fit",
-                                  "apps.format", "apps.cmd_validate"])
+                                  "apps.format", "apps.cmd_validate", "apps.cmd_calibrate"])
 def test_more_doctests_pass(name):
     result = doctest.testmod(importlib.import_module(name))
     assert result.failed == 0 and result.attempted > 0
