@@ -92,6 +92,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
                   f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
                   f"{cluster.device.name}), global batch {gb}")
+    if cluster.name == "localhost-cpu" and getattr(cluster, "cpu_costs", None) is None:
+        console.print("no profile of this machine yet: predictions use the generic CPU preset; "
+                      "`meshplan calibrate` (3-4 minutes, idle machine) measures it",
+                      highlight=False)
     with console.status("searching every legal plan ..."):
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
                         **search_kwargs(args))
@@ -169,8 +173,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         console.print("  stragglers         " + ", ".join(
             f"rank {r} x{f:g}" for r, f in stragglers.items()) + f" (healthy step "
             f"{fmt_time_s(out['healthy_step_time_s'])})", highlight=False)
+    notes = {"comm_s": "  exposed: what compute does not hide"}
     for key in ("step_time_s", "compute_s", "comm_s", "bubble_s"):
-        console.print(f"  {key:<18} {fmt_time_s(out[key])}")
+        console.print(f"  {key:<18} {fmt_time_s(out[key])}{notes.get(key, '')}")
     console.print(f"  {'tokens_per_s':<18} {fmt_rate(out['tokens_per_s'])} (global)")
     console.print(f"  {'mfu':<18} {fmt_pct(out['mfu'])}   hfu {fmt_pct(out['hfu'])}")
     m = pf.model
@@ -181,6 +186,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                       f"Megatron do: at seq {m.seq_len:,} it is {share:.0%} of the count, "
                       f"and causal attention executes half of it)", highlight=False)
     console.print(f"  {'peak_memory':<18} {fmt_bytes(out['peak_memory_bytes'])} per rank")
+    if getattr(args, "trace", None):
+        console.print(f"wrote {args.trace} ({len(pred.events)} events; Perfetto opens it)",
+                      highlight=False)
     return 0
 
 
@@ -208,7 +216,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
                       f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"
-                      f", {fmt_rate(summary['tokens_per_s'])} tokens/s")
+                      f"{' (after step 1)' if summary['steps'] > 1 else ''}, "
+                      f"{fmt_rate(summary['tokens_per_s'])} tokens/s")
         if (line := restart_line(summary)) is not None and summary["restarts"]:
             console.print(line, highlight=False)
     return 0

@@ -22,6 +22,7 @@ import pandas as pd
 from planner.space import Rejection, SearchSpace, enumerate_candidates, layers_reason, tp_reason
 from planner.spec import ModelSpec, Plan
 from simulator.cluster import Cluster
+from simulator.costs import DEFAULT_OPTIONS
 from simulator.memory import memory_per_stage
 
 GiB = 2**30
@@ -74,7 +75,8 @@ def first_fit(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
                                      num_devices=num_devices, max_devices=max_devices):
         if isinstance(item, Rejection):
             continue
-        need = max(m.total_bytes for m in memory_per_stage(model, item))
+        need = max(m.total_bytes for m in memory_per_stage(
+            model, item, attention=DEFAULT_OPTIONS.attention))
         if need <= limit_bytes and (best_need is None or need < best_need):
             best, best_need = item, need
     return best

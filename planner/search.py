@@ -19,6 +19,7 @@ import pandas as pd
 from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import ModelSpec, Plan, PlanError
 from simulator.cluster import Cluster
+from simulator.costs import DEFAULT_OPTIONS
 from simulator.memory import MemoryBreakdown, memory_per_stage
 from simulator.simulate import StepPrediction, estimate, simulate
 
@@ -81,7 +82,7 @@ def memory_reason(need: MemoryBreakdown, stage: int, limit_bytes: float) -> str:
 
 def worst_stage(model: ModelSpec, plan: Plan) -> tuple[int, MemoryBreakdown]:
     """(stage, breakdown) of the pipeline stage that needs the most memory."""
-    stages = memory_per_stage(model, plan)
+    stages = memory_per_stage(model, plan, attention=DEFAULT_OPTIONS.attention)
     worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
     return worst, stages[worst]
 

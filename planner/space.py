@@ -35,9 +35,10 @@ DEFAULT_PLACEMENTS: tuple[tuple[str, ...], ...] = (("tp", "dp", "pp"), ("tp", "p
 MAX_MICRO_BATCH = 8
 MAX_VIRTUAL_STAGES = 8
 
-#: Sequence length from which context parallelism is searched by default: there attention
-#: activations and FLOPs per sequence dominate (Megatron-Core's context-parallel guide uses it
-#: for long-context training; Llama 3 uses cp=16 at 131,072 tokens).
+#: Sequence length from which context parallelism is searched by default. Per token a layer's
+#: GEMMs cost 24·h² FLOPs and attention 4·s·h (Narayanan et al. 2021, eq. 3), so attention
+#: weighs in from s ≈ 6h / 3 (a third of the layer at h = 8192, more at smaller h); Llama 3's
+#: long-context stage trains 131,072 tokens with cp = 16 (Dubey et al. 2024, §3.3).
 LONG_SEQUENCE = 16384
 #: Context-parallel degrees searched by default for long sequences.
 DEFAULT_CP = (1, 2, 4, 8, 16)

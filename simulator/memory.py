@@ -69,7 +69,7 @@ def optimizer_bytes_per_param(dtype: str) -> int:
     return 8 if DTYPE_BYTES[dtype] == 4 else 12
 
 
-def layer_activation_bytes(model: ModelSpec, plan: Plan) -> float:
+def layer_activation_bytes(model: ModelSpec, plan: Plan, attention: str = "unfused") -> float:
     """Activation bytes one layer stores for one micro-batch on one TP rank.
 
     Korthikanti et al. 2022 Table 2, generalised to ffn width f and KV width k (it reduces to
@@ -79,7 +79,10 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     replicated over TP unless sequence parallelism shards it. Full recomputation keeps only the
     layer input (2·s·b·h); selective drops the 5·a·s²·b term. 16-bit bytes; scaled by
     dtype_bytes / 2. Context parallelism keeps s/cp tokens per rank (scores: s/cp queries by
-    s keys).
+    s keys). Fused attention (``attention`` "flash" or "flash-triton") stores no score
+    matrix, only the fp32 log-sum-exp of each query row (4·a·s·b bytes; Dao et al. 2022, §3.1:
+    the backward recomputes the scores from it), so it costs what selective recomputation
+    keeps.
     """
     s, b, h, t = model.seq_len // plan.cp, plan.micro_batch, model.hidden, plan.tp
     scale = DTYPE_BYTES[plan.dtype] / 2
@@ -89,6 +92,8 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan) -> float:
     linear = (7 * h + 4 * model.kv_hidden) + mlp + 4 * h
     replicated = 10 * h
     per_token = (linear / t) if plan.sequence_parallel else (replicated + (linear - replicated) / t)
+    if attention != "unfused":
+        return s * b * per_token * scale + 4 * model.num_heads / t * s * b
     scores = 0.0 if plan.recompute == "selective" else \
         5 * model.num_heads * s * model.seq_len * b / t
     return (s * b * per_token + scores) * scale
@@ -122,8 +127,8 @@ def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
     return extra
 
 
-def memory_per_stage(model: ModelSpec, plan: Plan,
-                     overhead_bytes: float = 0.0) -> list[MemoryBreakdown]:
+def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
+                     attention: str = "unfused") -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -134,11 +139,13 @@ def memory_per_stage(model: ModelSpec, plan: Plan,
 
     Args:
         overhead_bytes: fixed per-rank extra (framework context, buffers); 0 by default.
+        attention: "unfused" (Korthikanti et al.'s score matrices) or a fused kernel
+            ("flash", "flash-triton"; `layer_activation_bytes`).
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
     d = DTYPE_BYTES[plan.dtype]
-    per_layer = layer_activation_bytes(model, plan)
+    per_layer = layer_activation_bytes(model, plan, attention)
     chunks = plan.layers_per_stage(model)
     out = []
     for stage in range(plan.pp):

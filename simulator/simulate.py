@@ -210,12 +210,12 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
 
 
 def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, compute: float,
-                comm: float, events: list[tuple]) -> StepPrediction:
+                comm: float, events: list[tuple], attention: str) -> StepPrediction:
     # MFU / HFU: PaLM appendix B (training_flops_per_token) over world · dense peak.
     tokens_per_s = plan.global_batch * model.seq_len / step
     peak = plan.world_size * cluster.device.peak(plan.dtype)
     model_flops = training_flops_per_token(model)
-    memory = memory_per_stage(model, plan)
+    memory = memory_per_stage(model, plan, attention=attention)
     return StepPrediction(
         step_time_s=step, compute_s=compute, comm_s=comm,
         bubble_s=max(0.0, step - compute - comm), tokens_per_s=tokens_per_s,
@@ -251,7 +251,7 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
                                    virtual_stages=plan.virtual_stages, trace=trace,
                                    overlap_dp=overlap_dp)
     return _prediction(model, plan, cluster, result.step_time_s, result.compute_s,
-                       result.comm_s, result.events)
+                       result.comm_s, result.events, options.attention)
 
 
 def exposed_dp_s(c: StageCosts, overlap_dp: bool) -> float:
@@ -317,4 +317,4 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
     else:
         step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
                                                 plan.virtual_stages)
-    return _prediction(model, plan, cluster, step, compute, comm, [])
+    return _prediction(model, plan, cluster, step, compute, comm, [], options.attention)

@@ -11,7 +11,8 @@ Defaults (never tuned per row):
   dropout changes; vocab 51,200 for Megatron GPT rows; layers that do not split evenly over
   the pipeline get the larger stages first (DeepSpeed / Megatron balanced split). A
   Llama-family model (`SWIGLU_FAMILIES` in its name or notes) has a SwiGLU MLP, RMSNorm,
-  ffn = 8h/3 rounded up to 256 and vocab 32,000 when not given. The row's ``gpu`` cell picks
+  ffn = 8h/3 rounded up to 256 and vocab 32,000 when not given; a Llama 3 model ffn = 3.5h,
+  8 KV heads and vocab 128,256. The row's ``gpu`` cell picks
   the cluster (`gpu_cluster`); a GPU without a device profile skips the row with the reason.
 * the framework family comes from the source (`_family`): llm-foundry, BigScience,
   Megatron-DeepSpeed, Megatron-Core / NeMo or any source from 2023 on (Megatron-Core
@@ -330,8 +331,16 @@ def _published_case(row: dict) -> RunCase:
     h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
     kv = _num(row["kv_heads"])
     swiglu = _is_swiglu(row)
+    llama3 = swiglu and re.search(r"llama[\s_-]*3", row["model"].lower()) is not None
+    if kv is None and llama3:
+        kv = 8
+        flags.append("kv_heads=8 (default: every Llama 3 size)")
     ffn = _num(row["ffn_hidden"])
-    if ffn is None and swiglu:
+    if ffn is None and llama3:
+        # Llama 3 8B and 70B: 3.5h (14,336 and 28,672; Dubey et al. 2024, Table 3).
+        ffn = 7 * h // 2
+        flags.append(f"ffn_hidden={int(ffn)} (default: Llama 3 3.5h)")
+    elif ffn is None and swiglu:
         # Llama's rule: 2/3 of 4h, rounded up to a multiple of 256 (Touvron et al. 2023).
         ffn = -(-(8 * h // 3) // 256) * 256
         flags.append(f"ffn_hidden={int(ffn)} (default: Llama 8h/3 rounded to 256)")
@@ -341,7 +350,7 @@ def _published_case(row: dict) -> RunCase:
         flags.append("activation=swiglu, norm=rmsnorm (Llama-family model)")
     vocab = _num(row["vocab"])
     if vocab is None:
-        vocab = 250680 if fam == "bloom" else 32000 if swiglu else 51200
+        vocab = 250680 if fam == "bloom" else 128256 if llama3 else 32000 if swiglu else 51200
         flags.append(f"vocab={vocab} (default)")
     tp, cp, pp, dp = _degrees(row, flags)
     gb = int(row["global_batch"])

@@ -36,6 +36,16 @@ def test_full_recompute_keeps_only_the_layer_input():
     assert layer_activation_bytes(GPT3, plan(recompute="full")) == 50_331_648
 
 
+def test_fused_attention_stores_no_score_matrix():
+    # FlashAttention keeps the output and an fp32 log-sum-exp per query row (Dao et al. 2022,
+    # §3.1), not the 5·a·s²·b scores: 34·s·b·h + 4·a·s·b = 855,638,016 + 786,432 bytes.
+    assert layer_activation_bytes(GPT3, plan(), "flash") == 855_638_016 + 786_432
+    # Selective recomputation has nothing left to drop; full keeps the layer input only.
+    assert layer_activation_bytes(GPT3, plan(recompute="selective"), "flash") == \
+        855_638_016 + 786_432
+    assert layer_activation_bytes(GPT3, plan(recompute="full"), "flash") == 50_331_648
+
+
 def test_fp32_doubles_activation_bytes():
     assert layer_activation_bytes(GPT3, plan(dtype="fp32")) == 2 * 2_868_903_936
 

@@ -114,3 +114,15 @@ def test_error_by_groups_bias_mape_and_spread(tmp_path):
     assert table.attrs["mape_if_unbiased"] == pytest.approx(0.2 / 3)
     with pytest.raises(PlanError, match="group by any of"):
         error_by(path, ("colour",), result)
+
+
+def test_llama3_rows_get_llama3_defaults(tmp_path):
+    # Llama 3 8B (Dubey et al. 2024, Table 3): ffn 14,336 = 3.5 * 4096, 8 KV heads, 128,256
+    # tokens, the values of the llama3-8b preset.
+    from planner.presets import load_model
+    path = _write(tmp_path, [_row(id="l3", model="Llama 3 8B", source="x 2024", gpu="H100",
+                                  vocab="", seq_len=8192, global_batch=32)])
+    model = read_runs(path)[0].model
+    preset = load_model("llama3-8b")
+    assert (model.ffn_hidden, model.num_kv_heads, model.vocab_size) == \
+        (preset.ffn_hidden, preset.num_kv_heads, preset.vocab_size)
