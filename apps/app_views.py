@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from apps.format import GiB, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s  # noqa: E402
-from planner.planfile import PlanFile  # noqa: E402
+from planner.planfile import PlanFile, check_runnable  # noqa: E402
 from planner.presets import load_model, model_from_dict  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
 from simulator.cluster import Cluster, load_cluster  # noqa: E402
@@ -338,7 +338,13 @@ def launch_files(model: ModelSpec, plan: Plan, cluster: Cluster, pred: StepPredi
 
     One server: a single torchrun line. Several: one line per node (`planner.launch`, the
     rendezvous on ``NODE0_HOST:29500``) and a Slurm batch script; "sbatch" is '' otherwise.
+    A plan the runtime cannot execute (`planner.planfile.check_runnable`) gets the reason as a
+    comment instead of a command.
     """
+    try:
+        check_runnable(plan)
+    except PlanError as exc:
+        return {"command": f"# {exc}", "sbatch": ""}
     nodes = plan_nodes(plan, cluster)
     if nodes == 1:
         return {"command": launch_command(plan, plan_name, steps), "sbatch": ""}
