@@ -73,10 +73,11 @@ def check_run_args(args) -> None:
     A ``--resume`` run folder becomes its ``checkpoints/`` folder (`runtime.elastic.resume_folder`).
 
     Raises:
-        PlanError: the plan file is invalid or context-parallel; a flag is out of range (a fault beyond --steps, a
-            --resume folder without checkpoints); the data file is missing;
-            or the plan needs devices this machine does not have (a GPU cluster's plan without
-            CUDA, or more ranks than GPUs: multi-node plans go through `meshplan launch`).
+        PlanError: the plan file is invalid or context-parallel; a flag is out of range (a
+            fault beyond --steps, a --resume folder without checkpoints); the data file is
+            missing; or the plan needs devices this machine does not have (a GPU cluster's
+            plan without CUDA, or more ranks than GPUs: multi-node plans go through
+            `meshplan launch`).
     """
     import torch
 

@@ -26,6 +26,7 @@ from planner.spec import (
     Schedule,
     ZeroStage,
     _choices,
+    degrees_text,
     divisors,
 )
 
@@ -188,13 +189,6 @@ def interleaved_reason(pp: int, num_microbatches: int) -> str:
             f"be a multiple of pp={pp}")
 
 
-def _product(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
-    # "tp*pp*dp = 2*1*2 = 4", naming cp only when it is used.
-    names = ["tp"] + (["cp"] if cp > 1 else []) + ["pp"] + (["dp"] if dp is not None else [])
-    values = [tp] + ([cp] if cp > 1 else []) + [pp] + ([dp] if dp is not None else [])
-    return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {math.prod(values)}"
-
-
 def _fill_reason(what: str, product: int, n: int, exact: bool) -> str:
     # '' if ``product`` devices can be part of the job, else why not.
     if exact:
@@ -239,21 +233,21 @@ def splits(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
             pps = space.pp or tuple(d for d in divisors(rest) if d <= model.num_layers
                                     and (exact or model.num_layers % d == 0))
             for pp in pps:
-                if reason := _fill_reason(_product(tp, cp, pp), tp * cp * pp, n, exact):
+                if reason := _fill_reason(degrees_text(tp, cp, pp), tp * cp * pp, n, exact):
                     yield Rejection(id=f"{c_id}-pp{pp}", kind="devices", reason=reason)
                     continue
                 dps = (rest // pp,) if exact else (space.dp or tuple(divisors(global_batch)))
                 if exact and space.dp is not None and dps[0] not in space.dp:
                     for dp in space.dp:
                         yield Rejection(id=f"{c_id}-pp{pp}-dp{dp}", kind="devices", reason=(
-                            f"{_product(tp, cp, pp, dp)} != num_devices({n})"))
+                            f"{degrees_text(tp, cp, pp, dp)} != num_devices({n})"))
                     continue
                 for dp in dps:
                     if tp * cp * pp * dp <= n:
                         yield tp, cp, pp, dp
                     elif space.dp is not None:
                         yield Rejection(id=f"{c_id}-pp{pp}-dp{dp}", kind="devices", reason=(
-                            f"{_product(tp, cp, pp, dp)} > max_devices={n}"))
+                            f"{degrees_text(tp, cp, pp, dp)} > max_devices={n}"))
 
 
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:

@@ -185,6 +185,19 @@ def training_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> fl
     return 6.0 * n + 12.0 * model.num_layers * model.num_heads * model.head_dim * t
 
 
+def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
+    """``tp*pp*dp = 2*1*2 = 4``: parallel degrees and their product, cp named only when > 1
+    (and dp left out when None, for a partial split).
+
+    >>> degrees_text(2, 1, 1, 2), degrees_text(8, 4, 2)
+    ('tp*pp*dp = 2*1*2 = 4', 'tp*cp*pp = 8*4*2 = 64')
+    """
+    pairs = [("tp", tp)] + ([("cp", cp)] if cp > 1 else []) + [("pp", pp)] \
+        + ([("dp", dp)] if dp is not None else [])
+    names, values = zip(*pairs, strict=True)
+    return f"{'*'.join(names)} = {'*'.join(map(str, values))} = {math.prod(values)}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """How one training step is split over devices.
@@ -265,15 +278,12 @@ class Plan:
 
     @property
     def degrees(self) -> str:
-        """The world size as its product, e.g. ``tp*pp*dp = 8*4*2 = 64`` (cp named when > 1).
+        """The world size as its product, e.g. ``tp*pp*dp = 8*4*2 = 64`` (`degrees_text`).
 
         >>> Plan(tp=8, cp=2, pp=1, dp=2, micro_batch=1, global_batch=2).degrees
         'tp*cp*pp*dp = 8*2*1*2 = 32'
         """
-        if self.cp > 1:
-            return (f"tp*cp*pp*dp = {self.tp}*{self.cp}*{self.pp}*{self.dp} = "
-                    f"{self.world_size}")
-        return f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.world_size}"
+        return degrees_text(self.tp, self.cp, self.pp, self.dp)
 
     @property
     def num_microbatches(self) -> int:

@@ -202,7 +202,7 @@ def cp_ring_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> t
     block = 2 * plan.micro_batch * (model.seq_len // plan.cp) * model.kv_hidden / plan.tp \
         * DTYPE_BYTES[plan.dtype]
     ring = list(group_devices(plan, "cp", stage=rank))
-    hops = list(zip(ring, ring[1:] + ring[:1]))
+    hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
 
     def step(nbytes: float) -> float:
         return max(p2p_time_on_cluster_s(cluster, nbytes, a, b) for a, b in hops)

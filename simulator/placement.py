@@ -2,7 +2,8 @@
 parallel groups cross node (and leaf) boundaries.
 
 Ranks are numbered as a torch DeviceMesh of dims ``("pp", "dp", "cp", "tp")`` numbers them
-(tp fastest; cp has size 1 unless the plan is context-parallel). The device of a coordinate follows ``plan.placement`` (mesh axes innermost first):
+(tp fastest; cp has size 1 unless the plan is context-parallel). The device of a coordinate
+follows ``plan.placement`` (mesh axes innermost first):
 ``device = Σ coord[axis] · stride[axis]`` with strides from `mesh_strides`, so the default
 ``('tp', 'dp', 'pp')`` maps rank r to device r, and ``('dp', 'tp', 'pp')`` spreads each TP
 group over DP-many devices.

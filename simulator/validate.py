@@ -10,10 +10,10 @@ Defaults (never tuned per row):
 * every row: ffn = 4h, kv_heads = heads, GeLU MLP, LayerNorm, untied output projection, no
   dropout changes; vocab 51,200 for Megatron GPT rows; layers that do not split evenly over
   the pipeline get the larger stages first (DeepSpeed / Megatron balanced split). A
-  Llama-family model (`SWIGLU_FAMILIES` in its name or notes) has a SwiGLU MLP, RMSNorm,
-  ffn = 8h/3 rounded up to 256 and vocab 32,000 when not given; a Llama 3 model ffn = 3.5h,
-  8 KV heads and vocab 128,256. The row's ``gpu`` cell picks
-  the cluster (`gpu_cluster`); a GPU without a device profile skips the row with the reason.
+  Llama-family model (`SWIGLU_FAMILIES` in its name, or SwiGLU in its notes) has a SwiGLU
+  MLP, RMSNorm, ffn = 8h/3 rounded up to 256 and vocab 32,000 when not given; a Llama 3 model
+  ffn = 3.5h, 8 KV heads and vocab 128,256. The row's ``gpu`` cell picks the cluster
+  (`gpu_cluster`); a GPU without a device profile skips the row with the reason.
 * the framework family comes from the source (`_family`): llm-foundry, BigScience,
   Megatron-DeepSpeed, Megatron-Core / NeMo or any source from 2023 on (Megatron-Core
   defaults), else Megatron-LM up to 2022.
@@ -179,9 +179,9 @@ def _num(value: str) -> float | None:
 
 
 def _year(row: dict) -> int | None:
-    # The latest 20xx year the source or the notes name (a paper's or commit's date).
-    years = [int(y) for y in re.findall(r"\b(20[0-4]\d)\b", row["source"] + " " +
-                                        row.get("notes", ""))]
+    # The latest 20xx year the source names (a paper's or commit's date); the notes may cite
+    # later work about an older run, so they do not count.
+    years = [int(y) for y in re.findall(r"\b(20[0-4]\d)\b", row["source"])]
     return max(years) if years else None
 
 
@@ -277,8 +277,11 @@ SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "gemma", "deepseek", "
 
 
 def _is_swiglu(row: dict) -> bool:
-    text = (row["model"] + " " + row.get("notes", "")).lower()
-    return any(name in text for name in SWIGLU_FAMILIES) or "swiglu" in text
+    # A Llama-family model name, or a row whose notes say SwiGLU (the notes may name other
+    # models in passing, so family names count only in the model cell).
+    name = row["model"].lower()
+    return any(f in name for f in SWIGLU_FAMILIES) or "swiglu" in name + \
+        row.get("notes", "").lower()
 
 
 def _zero_stage(cell: str) -> int:
