@@ -29,7 +29,7 @@ from apps.plan_options import add_plan_options, global_batch_of, json_extras, re
 from planner import __version__
 from planner.planfile import PlanFile, read_plan_file, write_plan_file
 from planner.presets import load_model, model_names
-from planner.spec import PlanError, training_flops_per_token
+from planner.spec import PlanError, attention_flops_per_token, training_flops_per_token
 
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
@@ -179,8 +179,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     console.print(f"  {'tokens_per_s':<18} {fmt_rate(out['tokens_per_s'])} (global)")
     console.print(f"  {'mfu':<18} {fmt_pct(out['mfu'])}   hfu {fmt_pct(out['hfu'])}")
     m = pf.model
-    share = 12.0 * m.num_layers * m.num_heads * m.head_dim * m.seq_len \
-        / training_flops_per_token(m)
+    share = attention_flops_per_token(m) / training_flops_per_token(m)
     if share > 0.5:
         console.print(f"  {'':<18} (MFU and HFU count the full score matrix, as PaLM and "
                       f"Megatron do: at seq {m.seq_len:,} it is {share:.0%} of the count, "

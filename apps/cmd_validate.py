@@ -71,11 +71,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if getattr(args, "plot", None) and result["rows"]:
         plot_scatter({Path(args.runs).stem: result}, args.plot)
     by = tuple(f.strip() for f in args.by.split(",")) if getattr(args, "by", None) else ()
-    if by:
+    if by and result["rows"]:
         from simulator.validate import error_by
         table = error_by(args.runs, by, result)
     if args.json:
-        if by:
+        if by and result["rows"]:
             result = {**result, "by": {"fields": list(by), "groups": table.reset_index()
                                        .to_dict(orient="records"),
                                        "mape_if_unbiased": table.attrs["mape_if_unbiased"]}}
@@ -94,7 +94,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     worst = max(result["rows"], key=lambda r: abs(r["rel_error"]))
     console.print(f"{len(df)} rows  MAPE {fmt_pct(result['mape'])}  worst {worst['id']} "
                   f"({worst['model']}) {100 * worst['rel_error']:+.1f}%", highlight=False)
-    if by:
+    if by and result["rows"]:
         pct = "{:.1%}".format
 
         def cell(x: object) -> str:     # iterrows turns a mixed row's ints into floats

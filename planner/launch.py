@@ -117,9 +117,7 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
     lines += [
         f"#SBATCH --output={job_name or plan_id}-%j.out",
         "",
-        f"# {plan_id} of {pf.model.name}: tp*cp*pp*dp = {pf.plan.tp}*{pf.plan.cp}*"
-        f"{pf.plan.pp}*{pf.plan.dp} = "
-        f"{pf.plan.world_size} workers, {gpus} per node",
+        f"# {plan_id} of {pf.model.name}: {pf.plan.degrees} workers, {gpus} per node",
         "set -euo pipefail",
         'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export RDZV_PORT={port}",

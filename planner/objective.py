@@ -35,7 +35,7 @@ GOODPUT_COLUMNS = ("goodput", "effective_tokens_per_s", "checkpoint_s", "checkpo
 def checkpoint_writers(plan: Plan) -> int:
     """Ranks that write distinct shards of the state (see the module docstring)."""
     # CP ranks hold the same weights, like DP ranks; ZeRO shards over both (dp·cp).
-    return plan.tp * plan.pp * (plan.dp * plan.cp if plan.zero_stage > 0 else 1)
+    return plan.tp * plan.pp * (plan.dp_cp if plan.zero_stage > 0 else 1)
 
 
 def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,

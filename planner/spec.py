@@ -180,9 +180,14 @@ def training_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> fl
     Returns:
         FLOPs per token (float).
     """
+    return 6.0 * matmul_params(model) + attention_flops_per_token(model, seq_len)
+
+
+def attention_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
+    """The attention term of `training_flops_per_token`: ``12·L·H·Q·T`` (PaLM appendix B),
+    the full (non-causal) score matrix, forward and backward."""
     t = model.seq_len if seq_len is None else seq_len
-    n = matmul_params(model)
-    return 6.0 * n + 12.0 * model.num_layers * model.num_heads * model.head_dim * t
+    return 12.0 * model.num_layers * model.num_heads * model.head_dim * t
 
 
 def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
@@ -275,6 +280,12 @@ class Plan:
     def world_size(self) -> int:
         """Devices the plan occupies: tp·cp·pp·dp."""
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks that hold the same weights and reduce gradients together, dp·cp (Megatron's
+        data-parallel group with context parallelism); ZeRO shards over them."""
+        return self.dp * self.cp
 
     @property
     def degrees(self) -> str:

@@ -77,8 +77,7 @@ def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
                         f"use a plan with cp=1")
     world = dist.get_world_size()
     if world != plan.world_size:
-        raise PlanError(f"tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.world_size} "
-                        f"!= world_size({world})")
+        raise PlanError(f"{plan.degrees} != world_size({world})")
     names = tuple(reversed(plan.placement))                   # outermost first
     shape = tuple(getattr(plan, name) for name in names)
     return init_device_mesh(device_type, shape, mesh_dim_names=names)

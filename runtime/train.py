@@ -146,8 +146,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
     check_runnable(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != plan.world_size:
-        raise PlanError(f"plan {plan.id} needs world_size tp*pp*dp = {plan.tp}*{plan.pp}*"
-                        f"{plan.dp} = {plan.world_size}, but {world} process(es) were started; "
+        raise PlanError(f"plan {plan.id} needs world_size {plan.degrees}, but {world} "
+                        f"process(es) were started; "
                         f"launch with --nproc-per-node {plan.world_size}")
     check_plan(model, plan)
     if plan.sequence_parallel and model.seq_len % plan.tp:

@@ -507,7 +507,7 @@ def mesh_strides(plan: Plan) -> dict[str, int]:
     >>> mesh_strides(Plan(tp=8, cp=2, pp=4, dp=2, micro_batch=1, global_batch=8))
     {'tp': 1, 'cp': 8, 'dp': 16, 'pp': 32}
     """
-    sizes = {"tp": plan.tp, "dp": plan.dp * plan.cp, "pp": plan.pp}
+    sizes = {"tp": plan.tp, "dp": plan.dp_cp, "pp": plan.pp}
     strides, stride = {}, 1
     for axis in plan.placement:
         if axis == "dp":
@@ -534,6 +534,6 @@ def group_devices(plan: Plan, axis: str, *, stage: int = 0) -> range:
     strides = mesh_strides(plan)
     base = 0 if axis == "pp" else stage * strides["pp"]
     if axis == "dp_cp":
-        return range(base, base + plan.dp * plan.cp * strides["cp"], strides["cp"])
+        return range(base, base + plan.dp_cp * strides["cp"], strides["cp"])
     size = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}[axis]
     return range(base, base + size * strides[axis], strides[axis])

@@ -225,7 +225,7 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
                       options: SimOptions) -> tuple[float, float]:
     # (forward, backward) per-layer ZeRO-3 traffic: gather the weights; gather again and
     # reduce-scatter the gradients.
-    shard = plan.dp * plan.cp
+    shard = plan.dp_cp
     if plan.zero_stage != 3 or shard == 1:
         return 0.0, 0.0
     nbytes = model.layer_params() / plan.tp * DTYPE_BYTES[plan.dtype]
@@ -256,7 +256,7 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
         gather = collective_time_s(cluster, "all_gather", params * d, group)
     # Adam: read gradients, read/write master weights and both moments, write weights.
     per_param = g + 2 * optimizer_bytes_per_param(plan.dtype) + (d if d < 4 else 0)
-    shard = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    shard = plan.dp_cp if plan.zero_stage >= 1 else 1
     bucket = options.dp_bucket_bytes
     return {"dp_comm_s": reduce, "dp_gather_s": gather,
             "dp_buckets": max(1, math.ceil(grads / bucket)) if bucket else 1,

@@ -152,7 +152,7 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
         params = stage_params(model, plan, stage)
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        z, shard = plan.zero_stage, plan.dp * plan.cp
+        z, shard = plan.zero_stage, plan.dp_cp
         out.append(MemoryBreakdown(
             weights_bytes=params * d / (shard if z >= 3 else 1),
             gradients_bytes=params * d / (shard if z >= 2 else 1),
