@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 demo: $(STAMP)
 	$(BIN)/meshplan demo
 
-test: $(STAMP)
+# The browser test drives Debian's Chromium: installed here when missing and apt-get can (as
+# root); otherwise tests/apps/test_browser.py skips and says why.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium for the browser test"; \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+			|| echo "chromium could not be installed: tests/apps/test_browser.py will skip"; \
+	fi
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -21,13 +21,14 @@ import networkx as nx  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from apps.clusters import cluster_from_flags, cluster_ref  # noqa: E402
 from apps.format import GiB, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s  # noqa: E402
+from planner.mesh import group_ranks, mesh_strides  # noqa: E402
 from planner.planfile import PlanFile, check_runnable  # noqa: E402
 from planner.presets import load_model, model_from_dict  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
-from simulator.cluster import Cluster, load_cluster  # noqa: E402
-from simulator.collectives import group_devices, mesh_strides  # noqa: E402
-from simulator.simulate import StepPrediction  # noqa: E402
+from simulator.network.cluster import Cluster, load_cluster  # noqa: E402
+from simulator.step.simulate import StepPrediction  # noqa: E402
 
 #: Ranked-table columns shown to people, with human units (the library's are SI).
 DISPLAY_COLUMNS = {"id": "plan", "tp": "tp", "pp": "pp", "dp": "dp", "micro_batch": "mb",
@@ -100,7 +101,7 @@ def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int 
             return load_cluster(str(path), nodes=None if local else nodes,
                                 ranks=ranks if local else None)
     if preset == "localhost-cpu":
-        return load_cluster(preset, ranks=ranks)
+        return cluster_from_flags(preset, None, ranks)
     return load_cluster(preset, nodes=nodes)
 
 
@@ -274,8 +275,8 @@ def cluster_figure(cluster: Cluster, plan: Plan, max_nodes: int = 4) -> plt.Figu
         for i, n in enumerate(nodes):
             pos[n] = ((i + 0.5) / len(nodes), -layer)
     strides = mesh_strides(plan)
-    tp0 = set(group_devices(plan, "tp"))
-    dp0 = set(group_devices(plan, "dp"))
+    tp0 = set(group_ranks(plan, "tp"))
+    dp0 = set(group_ranks(plan, "dp"))
     cmap = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(10, 3.6))
     nx.draw_networkx_edges(g, pos, ax=ax, edge_color="#bbbbbb", width=0.6)
@@ -308,19 +309,15 @@ def cluster_figure(cluster: Cluster, plan: Plan, max_nodes: int = 4) -> plt.Figu
 def plan_file_yaml(model: ModelSpec, plan: Plan, cluster: Cluster,
                    pred: StepPrediction) -> str:
     """The plan file `meshplan plan --out` would write for this plan, as YAML text."""
-    cluster_info = {"name": cluster.name, "nodes": cluster.num_nodes,
-                    "num_devices": plan.world_size,
-                    "peak_flops_per_device": cluster.device.peak(plan.dtype)}
-    if cluster.nics_per_node == 0:
-        cluster_info["ranks"] = plan.world_size
-    pf = PlanFile(model=model, plan=plan, cluster=cluster_info, prediction=pred.to_dict())
+    pf = PlanFile(model=model, plan=plan, cluster=cluster_ref(cluster, plan),
+                  prediction=pred.to_dict())
     return yaml.safe_dump(pf.to_dict(), sort_keys=False)
 
 
 def launch_command(plan: Plan, plan_path: str = "plan.yaml", steps: int = 10) -> str:
     """The torchrun command line (one machine) that trains ``plan_path``."""
-    from runtime.launch import torchrun_command
-    cmd = torchrun_command(plan_path, steps=steps, out_dir=f"runs/{plan.id}",
+    from runtime.launch import local_torchrun_command
+    cmd = local_torchrun_command(plan_path, steps=steps, out_dir=f"runs/{plan.id}",
                            nproc=plan.world_size, master_port=29500)
     return shlex.join(["python", *cmd[1:]])
 

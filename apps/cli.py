@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from apps.clusters import add_cpu_profile_option
 from apps.format import (
     fmt_bytes,
     fmt_flag,
@@ -27,9 +28,10 @@ from apps.format import (
 )
 from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
 from planner import __version__
+from planner.flops import attention_flops_per_token, training_flops_per_token
 from planner.planfile import PlanFile, read_plan_file, write_plan_file
 from planner.presets import load_model, model_names
-from planner.spec import PlanError, attention_flops_per_token, training_flops_per_token
+from planner.spec import PlanError
 
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
@@ -52,11 +54,6 @@ def _console(args: argparse.Namespace) -> Console:
     return Console(stderr=bool(getattr(args, "json", False)))
 
 
-def _cluster(name: str, nodes: int | None, ranks: int | None):
-    from simulator.cluster import load_cluster
-    return load_cluster(name, nodes=nodes, ranks=ranks)
-
-
 def default_global_batch(cluster, seq_len: int) -> int:
     """8 sequences on a CPU cluster; else ~4M tokens rounded to a power of two of sequences."""
     if cluster.default_dtype == "fp32":
@@ -70,6 +67,14 @@ def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = F
         value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
         if value is not None and (value < 0 or (value == 0 and not allow_zero)):
             raise PlanError(f"{flag}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _profile_line(cluster) -> str:
+    """What a localhost prediction assumes about this machine (the profile it was given)."""
+    if cluster.cpu_profile is None:
+        return ("assumes the generic CPU preset (no profile of this machine: `meshplan "
+                "calibrate` measures it in 3-4 minutes on an idle machine)")
+    return f"assumes cpu profile {cluster.cpu_profile.path}"
 
 
 def fmt_params(n: int) -> str:
@@ -87,15 +92,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)
-    cluster = _cluster(args.cluster, args.nodes, args.ranks)
+    from apps.clusters import cluster_from_flags
+    cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
+                                 getattr(args, "cpu_profile", None))
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
     console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
                   f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
                   f"{cluster.device.name}), global batch {gb}")
-    if cluster.name == "localhost-cpu" and getattr(cluster, "cpu_costs", None) is None:
-        console.print("no profile of this machine yet: predictions use the generic CPU preset; "
-                      "`meshplan calibrate` (3-4 minutes, idle machine) measures it",
-                      highlight=False)
+    if cluster.nics_per_node == 0:
+        console.print(_profile_line(cluster), highlight=False)
     with console.status("searching every legal plan ..."):
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
                         **search_kwargs(args))
@@ -136,11 +141,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         best = result.best
         pred = result.predictions[best.id]
+        from apps.clusters import cluster_ref
         write_plan_file(args.out, PlanFile(
             model=model, plan=best, prediction=pred.to_dict(),
-            cluster={"name": cluster.name, "nodes": cluster.num_nodes,
-                     "num_devices": best.world_size,
-                     "peak_flops_per_device": cluster.device.peak(best.dtype)}))
+            cluster=cluster_ref(cluster, best, args.cluster)))
         console.print(f"wrote {args.out} ({best.id})")
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
     # blocks them), so this is bad input, exit 2, also with --json.
@@ -148,17 +152,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from simulator.simulate import simulate
+    from simulator.step.simulate import simulate
     console = _console(args)
     pf = read_plan_file(args.plan)
-    cluster = _cluster(pf.cluster["name"], pf.cluster.get("nodes"), pf.cluster.get("ranks")
-                       or (pf.plan.world_size if pf.cluster["name"] == "localhost-cpu" else None))
+    from apps.clusters import cluster_of_plan_file
+    cluster = cluster_of_plan_file(pf)
     from apps.cmd_faults import parse_stragglers
     stragglers = parse_stragglers(getattr(args, "straggler", None))
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
                     stragglers=stragglers)
     if getattr(args, "trace", None):
-        from simulator.trace import write_chrome_trace
+        from simulator.step.trace import write_chrome_trace
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(pred.events, args.trace)
     out = {"id": pf.plan.id, **pred.to_dict()}
@@ -169,6 +173,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     console.print(f"[bold]{pf.plan.id}[/] of {pf.model.name} on {cluster.name}")
+    if cluster.nics_per_node == 0:
+        console.print(f"  {_profile_line(cluster)}", highlight=False)
     if stragglers:
         console.print("  stragglers         " + ", ".join(
             f"rank {r} x{f:g}" for r, f in stragglers.items()) + f" (healthy step "
@@ -248,11 +254,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         json=False))
     if code:
         return code
-    from simulator.calibrate import newest_profile, profile_dir
-    if newest_profile() is None:
+    from simulator.network.cpu_profile import default_profile_dir, newest_profile
+    if newest_profile(default_profile_dir()) is None:
         # Without a profile the localhost-cpu cluster only has generic CPU defaults; the
         # comparison is only worth reading against this machine's own measurements.
-        console.rule(f"2. no profile of this machine in {profile_dir()} yet: meshplan calibrate")
+        console.rule(f"2. no profile of this machine in {default_profile_dir()} yet: "
+                     f"meshplan calibrate")
         from apps.cmd_calibrate import cmd_calibrate
         cmd_calibrate(argparse.Namespace(ranks=4, out=None, models=None, iters=5, json=False))
     console.rule("3. predicted vs measured: tiny-gpt on this machine")
@@ -291,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "after a node failure (--objective goodput, with --node-mtbf-hours; "
                     "default 0)")
     add_plan_options(sp)
+    add_cpu_profile_option(sp)
     sp.set_defaults(func=cmd_plan)
 
     ss = sub.add_parser("simulate", help="simulate one plan file")

@@ -40,7 +40,8 @@ def load_warning(load: float | None = None, cores: int | None = None) -> str:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from apps.compare import sweep_models
-    from simulator.calibrate import calibrate, profile_dir, write_profile
+    from runtime.calibrate.calibrate import calibrate, write_profile
+    from simulator.network.cpu_profile import default_profile_dir
     console = Console(stderr=bool(args.json))
     for flag, value, low in (("--ranks", args.ranks, 1), ("--iters", args.iters, 1)):
         if value is not None and value < low:
@@ -70,7 +71,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                   f"{args.ranks} ranks: alpha {fmt_time_s(coll.get('latency_s', 0.0))}, "
                   f"{coll.get('bandwidth_Bps', 0.0) / 1e9:.2f} GB/s; took "
                   f"{mapping['calibration']['seconds']:.0f} s", highlight=False)
-    where = "" if args.out else f" (the newest in {profile_dir()} is what localhost-cpu uses)"
+    where = "" if args.out else (f" (the newest in {default_profile_dir()} is what "
+                                 f"--cpu-profile defaults to)")
     console.print(f"wrote {path}{where}", highlight=False)
     if args.json:
         print(json.dumps({"profile": str(path), **mapping["calibration"]}))

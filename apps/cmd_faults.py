@@ -105,7 +105,7 @@ def parse_stragglers(items: list[str] | None) -> dict[int, float]:
     {1: 2.0, 3: 1.5}
 
     Whether the rank exists in the plan is checked by the simulator
-    (`simulator.stragglers.rank_coordinates`).
+    (`planner.mesh.rank_coords`).
 
     Raises:
         PlanError: a missing or unknown field, a rank that is not an integer >= 0, a factor

@@ -35,12 +35,12 @@ def check_nodes_fit(plan_path: str, nodes: int) -> None:
     ``nodes`` would put more workers on a node than the plan's cluster has devices per node (a
     GPU cluster named in the plan file), naming the node count that fits; localhost plans and
     user clusters that cannot be loaded pass the second check."""
+    from apps.clusters import cluster_of_plan_file
     from planner.planfile import check_runnable, read_plan_file
-    from simulator.cluster import load_cluster
     pf = read_plan_file(plan_path)
     check_runnable(pf.plan)
     try:
-        cluster = load_cluster(pf.cluster["name"], nodes=pf.cluster.get("nodes"))
+        cluster = cluster_of_plan_file(pf)
     except PlanError:
         return
     if cluster.nics_per_node == 0:                       # localhost-cpu: one node

@@ -55,14 +55,14 @@ def _fmt_size(x: float) -> str:
 
 
 def _load(args: argparse.Namespace, ranks: int | None):
-    from simulator.cluster import load_cluster
-    return load_cluster(args.cluster, nodes=args.nodes, ranks=ranks)
+    from apps.clusters import cluster_from_flags
+    return cluster_from_flags(args.cluster, args.nodes, ranks)
 
 
 def collective_rows(cluster, op: str, sizes: list[int], ranks: int | None,
                     algorithm: str = "auto", concurrent: bool = False) -> list[dict]:
     """One nccl-tests-style row per size: time_s, algbw_Bps, busbw_Bps, algorithm."""
-    from simulator.collectives import collective_cost
+    from simulator.network.collectives import collective_cost
     n = cluster.num_devices if ranks is None else ranks
     if not 1 <= n <= cluster.num_devices:
         raise PlanError(f"ranks={n} must be in [1, {cluster.num_devices}] for cluster "
@@ -113,13 +113,13 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    from simulator.topology import draw_png, summary
+    from simulator.network.topology import draw_png, summary
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}
     if args.plan:
         from planner.planfile import read_plan_file
-        from simulator.placement import placement_report
+        from simulator.network.placement import placement_report
         plan = read_plan_file(args.plan).plan
         # The cp ranks of a group sit innermost in the dp axis (Megatron's tp-cp-dp-pp).
         order = [a for axis in plan.placement

@@ -64,7 +64,7 @@ def plot_scatter(results: dict[str, dict], path: str) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
-    from simulator.validate import validate_runs
+    from simulator.validation.validate import validate_runs
     result = validate_runs(args.runs)
     if getattr(args, "csv", None):
         write_csv(result["rows"], args.csv)
@@ -72,7 +72,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         plot_scatter({Path(args.runs).stem: result}, args.plot)
     by = tuple(f.strip() for f in args.by.split(",")) if getattr(args, "by", None) else ()
     if by and result["rows"]:
-        from simulator.validate import error_by
+        from simulator.validation.validate import error_by
         table = error_by(args.runs, by, result)
     if args.json:
         if by and result["rows"]:

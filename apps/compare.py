@@ -2,7 +2,7 @@
 calibrated localhost-cpu cluster, run with torchrun, and lined up.
 
 This module orchestrates the library calls behind `meshplan compare`; the modelling lives in
-`simulator` (`simulator.cpu_model` for the calibrated CPU terms), the execution in `runtime`.
+`simulator` (`simulator.step.cpu_model` for the calibrated CPU terms), the execution in `runtime`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from apps.clusters import cluster_from_flags, cluster_ref  # noqa: E402
 from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table  # noqa: E402
 from planner.planfile import PlanFile, write_plan_file  # noqa: E402
 from planner.presets import load_model  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
+from simulator.network.cluster import Cluster  # noqa: E402
+from simulator.validation.report import error_summary, rel_error  # noqa: E402
 
 COMPARE_GLOBAL_BATCH = 8
 #: The second model shape of the sweep: wider and shallower than tiny-gpt, shorter sequences.
@@ -102,18 +105,17 @@ def row_id(model: ModelSpec, plan: Plan) -> str:
     return plan.id if model.name == "tiny-gpt" else f"{model.name}-{plan.id}"
 
 
-def predict(model: ModelSpec, plan: Plan) -> tuple[dict, dict]:
-    """``(prediction dict, assumptions)`` of ``plan`` on localhost-cpu with as many ranks."""
-    from simulator.cluster import load_cluster
-    from simulator.cpu_model import active_ranks
-    from simulator.simulate import simulate
-    cluster = load_cluster("localhost-cpu", ranks=plan.world_size)
+def predict(model: ModelSpec, plan: Plan, cluster: Cluster) -> tuple[dict, dict]:
+    """``(prediction dict, assumptions)`` of ``plan`` on ``cluster`` (localhost-cpu with as
+    many ranks)."""
+    from simulator.step.cpu_model import active_ranks
+    from simulator.step.simulate import simulate
     pred = simulate(model, plan, cluster).to_dict()
     pred.pop("memory", None)
     cores = os.cpu_count() or 1
-    profile = cluster.cpu_costs
+    profile = cluster.cpu_profile
     assumptions = {
-        "profile": profile.name if profile is not None else "presets (no calibrated profile)",
+        "profile": profile.path if profile is not None else "presets (no calibrated profile)",
         "calibrated_terms": bool(profile is not None and profile.covers(model)),
         "device": cluster.device.name, "peak_flops": cluster.device.peak("fp32"),
         "threads_per_rank": 1, "cores": cores,
@@ -145,12 +147,12 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
     rows, failed = [], []
     for n, (model, plan) in enumerate(chosen, 1):
         rid = row_id(model, plan)
-        pred, assumptions = predict(model, plan)
+        cluster = cluster_from_flags("localhost-cpu", None, plan.world_size)
+        pred, assumptions = predict(model, plan, cluster)
         run_dir = out_dir / rid
         plan_path = write_plan_file(run_dir / "plan.yaml", PlanFile(
             model=model, plan=plan, prediction=pred,
-            cluster={"name": "localhost-cpu", "nodes": 1, "ranks": plan.world_size,
-                     "peak_flops_per_device": assumptions["peak_flops"]}))
+            cluster=cluster_ref(cluster, plan)))
         console.print(f"[{n}/{len(chosen)}] {rid}: predicted "
                       f"{fmt_time_s(pred['step_time_s'])}, running {plan.world_size} rank(s) "
                       f"for {steps} steps ...", highlight=False)
@@ -165,7 +167,7 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
         rows.append({"id": rid, "model": model.name, "world_size": plan.world_size,
                      "predicted_step_time_s": pred["step_time_s"],
                      "measured_step_time_s": measured,
-                     "rel_error": (pred["step_time_s"] - measured) / measured,
+                     "rel_error": rel_error(pred["step_time_s"], measured),
                      "predicted_tokens_per_s": pred["tokens_per_s"],
                      "measured_tokens_per_s": summary["tokens_per_s"],
                      "predicted_mfu": pred["mfu"], "measured_mfu": summary["mfu"],
@@ -214,22 +216,14 @@ def summarize_rows(rows: list[dict]) -> dict:
     """
     if not rows:
         return {"rows": [], "mape": None, "spearman": None, "best_plan_match": False}
+    report = error_summary(rows, measured="measured_step_time_s")
     df = pd.DataFrame(rows)
-    worst = df.loc[df["rel_error"].abs().idxmax()]
-    # Spearman = Pearson of the ranks (ties get their average rank); pandas' own
-    # method="spearman" needs scipy, which the project does not depend on.
-    # Undefined for one plan (or equal times): None, JSON null, not NaN (invalid JSON).
-    spearman = (float(df["predicted_step_time_s"].rank().corr(
-        df["measured_step_time_s"].rank())) if len(df) > 1 else None)
-    if spearman is not None and spearman != spearman:
-        spearman = None
     first = df[df["model"] == df["model"].iloc[0]]
     pred_best = first.loc[first["predicted_step_time_s"].idxmin()]
     meas_best = first.loc[first["measured_step_time_s"].idxmin()]
     gap = pred_best["measured_step_time_s"] / meas_best["measured_step_time_s"] - 1
-    return {"rows": rows, "mape": float(df["rel_error"].abs().mean()),
-            "worst": {"id": worst["id"], "rel_error": float(worst["rel_error"])},
-            "spearman": spearman,
+    return {"rows": rows, "mape": report["mape"], "mean_error": report["mean_error"],
+            "worst": report["worst"], "spearman": report["spearman"],
             "best_plan_match": bool(gap <= BEST_PLAN_TOLERANCE),
             "predicted_best": pred_best["id"], "measured_best": meas_best["id"],
             "predicted_best_gap": float(gap)}

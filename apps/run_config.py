@@ -42,7 +42,7 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
         PlanError: the plan file is missing or invalid.
     """
     from runtime.faults import fault_cli_args
-    from runtime.launch import torchrun_command
+    from runtime.launch import local_torchrun_command
     pf = read_plan_file(plan_path)
     out = Path(out_dir) if out_dir else Path("runs") / pf.plan.id
     plan = pf.to_dict()["plan"]
@@ -55,14 +55,14 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
         checkpoint_every=options["checkpoint_every"], keep=options["keep"],
         resume=options["resume"], inject=options["inject"],
         timeout_s=options["collective_timeout_s"], on_nan=options["on_nan"])
-    command = torchrun_command(plan_path, steps=steps, out_dir=out, data=data,
+    command = local_torchrun_command(plan_path, steps=steps, out_dir=out, data=data,
                                nproc=pf.plan.world_size, master_port=0,
                                max_restarts=options["max_restarts"], train_args=train_args)
     return {"meshplan_version": __version__, "plan_file": str(plan_path),
             "plan_id": pf.plan.id, "world_size": pf.plan.world_size, "steps": steps,
             "data": data or "python-stdlib-sources", "out_dir": str(out),
             "omp_num_threads": 1, "model": dataclasses.asdict(pf.model), "plan": plan,
-            "cluster": pf.cluster, "faults": options,
+            "cluster": pf.cluster.to_dict(), "faults": options,
             "command": shlex.join(["python", *command[1:]]).replace(
                 "--master-port 0", "--master-port FREE_PORT")}
 
@@ -95,9 +95,9 @@ def check_run_args(args) -> None:
     if args.resume is not None:
         args.resume = str(resume_folder(args.resume))   # a run folder: its checkpoints/
     world, gpus = pf.plan.world_size, torch.cuda.device_count()
-    if pf.cluster.get("name") != "localhost-cpu" and gpus == 0:
+    if not pf.cluster.is_localhost and gpus == 0:
         raise PlanError(
-            f"plan {pf.plan.id} is for cluster {pf.cluster.get('name')!r} ({world} GPUs) and "
+            f"plan {pf.plan.id} is for cluster {pf.cluster.name!r} ({world} GPUs) and "
             f"this machine has no CUDA device; plan for it with --cluster localhost-cpu, or "
             f"start it on the cluster with `meshplan launch`")
     if gpus and world > gpus:

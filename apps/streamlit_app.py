@@ -1,8 +1,8 @@
 """The meshplan explorer: pick a model, a cluster and a batch; see where time and memory go.
 
 Start it with ``meshplan app`` (or ``streamlit run apps/streamlit_app.py``). Every number comes
-from the same library calls the CLI makes (`planner.search.search`, `simulator.simulate`,
-`simulator.goodput`); `apps.app_views` turns them into tables and charts.
+from the same library calls the CLI makes (`planner.search.search`, `simulator.step.simulate`,
+`simulator.failures.goodput`); `apps.app_views` turns them into tables and charts.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from apps import app_views as views  # noqa: E402
 from planner.presets import load_model, model_names  # noqa: E402
 from planner.search import out_of_memory_reason, search  # noqa: E402
 from planner.spec import Plan, PlanError, check_plan  # noqa: E402
-from simulator.cluster import cluster_names  # noqa: E402
-from simulator.goodput import expected_goodput, goodput_estimate  # noqa: E402
-from simulator.simulate import simulate  # noqa: E402
-from simulator.trace import chrome_trace  # noqa: E402
+from simulator.failures.goodput import expected_goodput, job_goodput  # noqa: E402
+from simulator.network.cluster import cluster_names  # noqa: E402
+from simulator.step.simulate import simulate  # noqa: E402
+from simulator.step.trace import chrome_trace  # noqa: E402
 
 CUSTOM_FIELDS = ["num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
                  "vocab_size"]
@@ -133,7 +133,7 @@ def cached_search(inputs_json: str):
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_simulate(inputs_json: str, plan_fields: str, bandwidth: float = 1.0,
                     latency: float = 1.0):
-    """`simulator.simulate` with the trace, for one plan on the (scaled) cluster."""
+    """`simulator.step.simulate` with the trace, for one plan on the (scaled) cluster."""
     inputs = json.loads(inputs_json)
     plan = Plan(**{k: tuple(v) if isinstance(v, list) else v
                    for k, v in json.loads(plan_fields).items()})
@@ -234,10 +234,9 @@ def whatif_view(inputs_json: str, plan: Plan, pred, num_devices: int) -> None:
                               key="checkpoint_write_s")
     restart_s = c6.number_input("restart (s)", min_value=0.0, value=600.0, step=60.0,
                                 key="restart_s")
-    g = goodput_estimate(tokens_per_s=scaled.tokens_per_s, num_devices=num_devices,
-                         device_mtbf_s=mtbf_h * 3600, checkpoint_s=write_s,
-                         restart_s=restart_s,
-                         interval_s=interval_min * 60 if interval_min else None)
+    g = job_goodput(tokens_per_s=scaled.tokens_per_s, num_devices=num_devices,
+                    device_mtbf_s=mtbf_h * 3600, checkpoint_s=write_s, restart_s=restart_s,
+                    interval_s=interval_min * 60 if interval_min else None)
     m = st.columns(4)
     change = scaled.step_time_s - pred.step_time_s
     m[0].metric("step time", f"{scaled.step_time_s * 1e3:,.1f} ms",

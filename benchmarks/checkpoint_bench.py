@@ -26,7 +26,7 @@ from planner.presets import load_model
 from planner.spec import Plan
 from runtime.elastic import checkpoint_blocking_times_s, read_events
 from runtime.faults import fault_cli_args
-from runtime.launch import torchrun_command
+from runtime.launch import local_torchrun_command
 
 
 def blocking_times_s(out: Path) -> list[float]:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(path: Path, out: Path, steps: int, every: int, extra: list[str]) -> dict:
     """One torchrun run of ``path``; ``extra`` are more runtime.train flags."""
-    cmd = torchrun_command(path, steps=steps, out_dir=out,
+    cmd = local_torchrun_command(path, steps=steps, out_dir=out,
                            train_args=fault_cli_args(checkpoint_every=every) + extra)
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, OMP_NUM_THREADS="1",

@@ -13,7 +13,7 @@ Each try makes three torchrun runs of the 2-layer tiny-gpt at dp=2 on this machi
    wall time, `runtime.elastic.job_accounting`).
 
 The prediction for run 3 is the simulator's model of a run with failures at known steps
-(`simulator.failures.predicted_run_goodput`) fed only with runs 1 and 2: the mean step time
+(`simulator.failures.montecarlo.predicted_run_goodput`) fed only with runs 1 and 2: the mean step time
 of their kept steps, the median time a save blocks the loop between steps, and run 2's mean
 restart time. Both sides count the same things: the staging wait of an asynchronous save runs
 inside the next step, so it is in the step time and not added again; the save after the last
@@ -38,12 +38,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from planner.planfile import PlanFile, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan
 from runtime.elastic import checkpoint_blocking_times_s, read_events
 from runtime.launch import run_plan
-from simulator.failures import predicted_run_goodput
+from simulator.failures.montecarlo import predicted_run_goodput
 
 
 def between_steps_blocking_s(out: Path) -> list[float]:
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model("tiny-gpt").replace(num_layers=args.layers, seq_len=64)
     plan = Plan(tp=1, pp=1, dp=2, micro_batch=2, global_batch=8, dtype="fp32")
     path = write_plan_file(root / "plan.yaml", PlanFile(
-        model=model, plan=plan, cluster={"name": "localhost-cpu", "nodes": 1}, prediction={}))
+        model=model, plan=plan, cluster=ClusterRef(name="localhost-cpu", nodes=1), prediction={}))
     results = []
     for i in range(1, args.tries + 1):
         results.append(one_try(root / f"try{i}", path, args))

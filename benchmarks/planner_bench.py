@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.presets import load_model  # noqa: E402
 from planner.search import search  # noqa: E402
-from simulator.cluster import load_cluster  # noqa: E402
+from simulator.network.cluster import load_cluster  # noqa: E402
 
 CASES = [
     # (name, model, cluster, nodes, search keywords, metric, target)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from planner.planfile import PlanFile, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan
 from runtime.data import ByteBatches, read_corpus
@@ -51,7 +51,7 @@ def plain_loop_tokens_per_s(spec, global_batch: int, steps: int) -> float:
 
 def meshplan_tokens_per_s(folder: Path, spec, plan: Plan, steps: int) -> float:
     path = write_plan_file(folder / f"{plan.id}.yaml", PlanFile(
-        model=spec, plan=plan, cluster={"name": "localhost-cpu", "nodes": 1},
+        model=spec, plan=plan, cluster=ClusterRef(name="localhost-cpu", nodes=1),
         prediction={}))
     summary = run_plan(path, steps=steps, out_dir=folder / plan.id, quiet=True, timeout_s=600)
     return summary["tokens_per_s"]

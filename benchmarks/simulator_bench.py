@@ -23,11 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from planner.mesh import group_ranks  # noqa: E402
 from planner.presets import load_model  # noqa: E402
 from planner.spec import Plan  # noqa: E402
-from simulator.cluster import load_cluster  # noqa: E402
-from simulator.collectives import collective_time_s, group_devices  # noqa: E402
-from simulator.simulate import estimate, simulate  # noqa: E402
+from simulator.network.cluster import load_cluster  # noqa: E402
+from simulator.network.collectives import collective_time_s  # noqa: E402
+from simulator.step.simulate import estimate, simulate  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:
@@ -55,10 +56,10 @@ def run(repeat: int) -> list[dict]:
     cluster = load_cluster("dgx-h100", nodes=2048)
     dp_plan = Plan(tp=8, pp=1, dp=2048, micro_batch=1, global_batch=2048)
     start = time.perf_counter()
-    collective_time_s(cluster, "all_reduce", 2**30, group_devices(dp_plan, "dp"))
+    collective_time_s(cluster, "all_reduce", 2**30, group_ranks(dp_plan, "dp"))
     first = time.perf_counter() - start
     again = best_of(lambda: collective_time_s(cluster, "all_reduce", 2**31,
-                                              group_devices(dp_plan, "dp")), repeat)
+                                              group_ranks(dp_plan, "dp")), repeat)
     return [
         {"case": "estimate, llama3-70b tp8-pp8-dp8 on 512 H100", "seconds": est,
          "target_s": 1e-3, "ok": est <= 1e-3, "simulate_s": sim, "simulate_over_estimate": sim / est},

@@ -12,10 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planner.mesh import group_ranks  # noqa: E402
 from planner.spec import Plan  # noqa: E402
-from simulator.cluster import load_cluster  # noqa: E402
-from simulator.collectives import COLLECTIVES, collective_cost, group_devices  # noqa: E402
-from simulator.topology import summary  # noqa: E402
+from simulator.network.cluster import load_cluster  # noqa: E402
+from simulator.network.collectives import COLLECTIVES, collective_cost  # noqa: E402
+from simulator.network.topology import summary  # noqa: E402
 
 
 def _timed(fn):
@@ -36,7 +37,7 @@ def main() -> int:
              ("dp all-reduce, tp8 x pp16 x dp128 (128 concurrent groups)",
               Plan(tp=8, pp=16, dp=128, micro_batch=1, global_batch=128))]
     for name, plan in cases:
-        group = group_devices(plan, "dp")
+        group = group_ranks(plan, "dp")
         cost, first_s = _timed(lambda g=group: collective_cost(cluster, "all_reduce", 2**30, g))
         _, again_s = _timed(lambda g=group: collective_cost(cluster, "all_reduce", 2**31, g))
         print(f"{name}: first {first_s * 1e3:.1f} ms, cached {again_s * 1e6:.0f} us "

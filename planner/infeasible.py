@@ -21,9 +21,9 @@ import pandas as pd
 
 from planner.space import Rejection, SearchSpace, enumerate_candidates, layers_reason, tp_reason
 from planner.spec import ModelSpec, Plan
-from simulator.cluster import Cluster
-from simulator.costs import DEFAULT_OPTIONS
-from simulator.memory import memory_per_stage
+from simulator.network.cluster import Cluster
+from simulator.step.costs import DEFAULT_OPTIONS
+from simulator.step.memory import memory_per_stage
 
 GiB = 2**30
 #: The device-count relaxation tries 2, 4, ... up to this many times the requested devices.

@@ -1,8 +1,11 @@
-"""Launch commands for a plan file: one `torchrun` command per node, and a Slurm batch script.
+"""Launch commands for a plan file: the one torchrun command line (`torchrun_command`), one per
+node of a multi-node job (`torchrun_node_command`), and a Slurm batch script.
 
-Every node runs one torchrun agent with ``world_size / nodes`` workers; the agents meet at a
-c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HOST:PORT``), which hosts the store the
-workers of `runtime.train` share. The same plan file must be readable on every node.
+One machine: torchrun's static rendezvous on 127.0.0.1 (``--master-addr`` / ``--master-port``),
+which `runtime.launch.run_plan` runs. Several nodes: every node runs one torchrun agent with
+``world_size / nodes`` workers; the agents meet at a c10d rendezvous (``--rdzv-backend c10d
+--rdzv-endpoint HOST:PORT``), which hosts the store the workers of `runtime.train` share. The
+same plan file must be readable on every node.
 """
 
 from __future__ import annotations
@@ -51,9 +54,45 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _train_args(plan_path: str, steps: int, out_dir: str, data: str | None) -> list[str]:
-    args = ["-m", TRAIN_MODULE, plan_path, "--steps", str(steps), "--out", out_dir]
-    return args + (["--data", data] if data else [])
+def torchrun_command(plan_path: str | Path, *, nproc_per_node: int | str, steps: int,
+                     out_dir: str | Path, data: str | Path | None = None,
+                     master_port: int | None = None, nnodes: int | str = 1,
+                     node_rank: int | str | None = None, rdzv_endpoint: str | None = None,
+                     rdzv_id: str | None = None, max_restarts: int | None = None,
+                     launcher: list[str] | None = None,
+                     train_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The torchrun command line that trains ``plan_path`` with `runtime.train` (no checks).
+
+    One machine (``rdzv_endpoint`` None): ``--nproc-per-node N --master-addr 127.0.0.1
+    --master-port P``. Several nodes: ``--nnodes N --node-rank R --nproc-per-node N
+    --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID``. Then ``--max-restarts``
+    (when given), ``-m runtime.train PLAN --steps S --out DIR [--data FILE]`` and
+    ``train_args`` (more `runtime.train` flags). Values may be shell variables (``"$SLURM_NODEID"``)
+    for a script.
+
+    Args:
+        launcher: the torchrun executable as a list (default ``python -m torch.distributed.run``
+            with this interpreter).
+
+    >>> torchrun_command("p.yaml", nproc_per_node=2, steps=3, out_dir="o", master_port=29500,
+    ...                  launcher=["torchrun"])  # doctest: +NORMALIZE_WHITESPACE
+    ['torchrun', '--nproc-per-node', '2', '--master-addr', '127.0.0.1', '--master-port',
+     '29500', '-m', 'runtime.train', 'p.yaml', '--steps', '3', '--out', 'o']
+    """
+    cmd = list(launcher or [sys.executable, "-m", "torch.distributed.run"])
+    if rdzv_endpoint is None:
+        cmd += ["--nproc-per-node", str(nproc_per_node), "--master-addr", "127.0.0.1",
+                "--master-port", str(master_port)]
+    else:
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
+                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", str(rdzv_id)]
+    if max_restarts is not None:
+        cmd += ["--max-restarts", str(max_restarts)]
+    cmd += ["-m", TRAIN_MODULE, str(plan_path), "--steps", str(steps), "--out", str(out_dir)]
+    if data:
+        cmd += ["--data", str(data)]
+    return cmd + list(train_args)
 
 
 def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
@@ -79,11 +118,10 @@ def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
         raise PlanError(f"node_rank={node_rank} must be in [0, nodes={nodes})")
     parse_endpoint(rdzv_endpoint)
     out = str(out_dir) if out_dir is not None else str(Path("runs") / pf.plan.id)
-    launcher = launcher or [sys.executable, "-m", "torch.distributed.run"]
-    return [*launcher, "--nnodes", str(nodes), "--node-rank", str(node_rank),
-            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id or pf.plan.id,
-            *_train_args(str(plan_path), steps, out, str(data) if data else None)]
+    return torchrun_command(plan_path, nproc_per_node=nproc, steps=steps, out_dir=out,
+                            data=data, nnodes=nodes, node_rank=node_rank,
+                            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or pf.plan.id,
+                            launcher=launcher)
 
 
 def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps: int = 10,
@@ -104,8 +142,10 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
         raise PlanError(f"port={port} must be in 1..65535")
     plan_id = pf.plan.id
     out = str(out_dir) if out_dir is not None else f"runs/{plan_id}"
-    train = " ".join(shlex.quote(a) for a in _train_args(
-        str(plan_path), steps, out, str(data) if data else None))
+    torchrun = shell_line(torchrun_command(
+        plan_path, nproc_per_node=gpus, steps=steps, out_dir=out, data=data,
+        nnodes="$SLURM_NNODES", node_rank="$SLURM_NODEID", rdzv_endpoint="$RDZV_HOST:$RDZV_PORT",
+        rdzv_id="$SLURM_JOB_ID", launcher=["torchrun"]))
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={job_name or plan_id}",
              f"#SBATCH --nodes={nodes}",
@@ -123,15 +163,21 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
         f"export RDZV_PORT={port}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
         "# single-quoted: each task expands its own $SLURM_NODEID",
-        "srun bash -c " + shlex.quote(
-            'exec torchrun --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
-            f'--nproc-per-node {gpus} --rdzv-backend c10d --rdzv-endpoint '
-            f'"$RDZV_HOST:$RDZV_PORT" --rdzv-id "$SLURM_JOB_ID" {train}'),
+        "srun bash -c " + shlex.quote(f"exec {torchrun}"),
         ""]
     return "\n".join(lines)
 
 
 def shell_line(command: list[str], env: dict[str, str] | None = None) -> str:
-    """``command`` as one copy-pasteable shell line, with ``env`` assignments in front."""
+    """``command`` as one copy-pasteable shell line, with ``env`` assignments in front; an
+    argument that names shell variables (``$NAME``) is double-quoted so they expand.
+
+    >>> print(shell_line(["torchrun", "--node-rank", "$SLURM_NODEID", "my plan.yaml"]))
+    torchrun --node-rank "$SLURM_NODEID" 'my plan.yaml'
+    """
+    def quote(arg: str) -> str:
+        if arg.startswith("$") and all(c.isalnum() or c in "$_:" for c in arg):
+            return f'"{arg}"'
+        return shlex.quote(arg)
     prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
-    return " ".join(prefix + [shlex.quote(a) for a in command])
+    return " ".join(prefix + [quote(a) for a in command])

@@ -5,12 +5,12 @@ plus node MTBF per node when given); a checkpoint writes the training state (fp3
 Adam's two moments, 12 bytes per parameter) over the storage bandwidth, or over the plan's
 writers' own bandwidth when that is smaller (DCP writes each unique shard once: tp·pp ranks
 hold distinct shards, all ranks under ZeRO / FSDP); the checkpoint interval is Daly's optimum
-and the goodput the first-order model of `simulator.goodput.expected_goodput`.
+and the goodput the first-order model of `simulator.failures.goodput.expected_goodput`.
 ``effective_tokens_per_s`` = tokens/s × goodput, and the table is sorted by it.
 
 A failure costs a restart (``restart_s``: detect, reschedule, reload the checkpoint) plus the
 lost work; a node failure (rate: nodes / node MTBF) first waits ``spare_delay_s`` for a spare
-node to be swapped in (spares assumed available; `simulator.failures.monte_carlo_goodput`
+node to be swapped in (spares assumed available; `simulator.failures.montecarlo.monte_carlo_goodput`
 models a finite pool and repairs), so the mean restart is
 ``restart_s + (node failures / all failures) · spare_delay_s``.
 """
@@ -21,7 +21,7 @@ import dataclasses
 import math
 
 from planner.spec import ModelSpec, Plan, PlanError
-from simulator.failures import job_goodput, training_state_bytes
+from simulator.failures.goodput import checkpoint_write_s, job_goodput, training_state_bytes
 
 #: Defaults: a parallel file system share, one writer's storage path, a restart.
 STORAGE_BANDWIDTH_BPS = 50e9
@@ -70,12 +70,12 @@ def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
     rows = []
     for plan_id, tokens_per_s in zip(ranked["id"], ranked["tokens_per_s"], strict=True):
         plan = result.plans[plan_id]
+        write = checkpoint_write_s(state, storage_bandwidth_Bps, writers=checkpoint_writers(plan),
+                                   writer_bandwidth_Bps=writer_bandwidth_Bps)
         g = job_goodput(tokens_per_s=tokens_per_s, num_devices=plan.world_size,
-                        device_mtbf_s=device_mtbf_s, state_bytes=state,
-                        storage_bandwidth_Bps=storage_bandwidth_Bps, restart_s=restart_s,
+                        device_mtbf_s=device_mtbf_s, checkpoint_s=write, restart_s=restart_s,
                         devices_per_node=devices_per_node, node_mtbf_s=node_mtbf_s,
-                        writers=checkpoint_writers(plan),
-                        writer_bandwidth_Bps=writer_bandwidth_Bps, spare_delay_s=spare_delay_s)
+                        spare_delay_s=spare_delay_s)
         rows.append((g.goodput, g.effective_tokens_per_s, g.checkpoint_s, g.interval_s,
                      g.restart_s, g.mtbf_s))
     for i, name in enumerate(GOODPUT_COLUMNS):

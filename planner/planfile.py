@@ -7,7 +7,8 @@ with its prediction::
     meshplan_version: 0.1.0
     model: {name: tiny-gpt, num_layers: 4, ...}      # ModelSpec fields
     plan: {tp: 1, pp: 2, dp: 1, ...}                  # Plan fields
-    cluster: {name: localhost-cpu, nodes: 1, peak_flops_per_device: 3.1e10, dtype: fp32}
+    cluster: {name: localhost-cpu, nodes: 1, ranks: 2, peak_flops_per_device: 3.1e10,
+              cpu_profile: runs/profiles/localhost-cpu-20261201T203000.yaml}
     prediction: {step_time_s: 0.41, tokens_per_s: ..., mfu: ..., ...}
 """
 
@@ -27,21 +28,85 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClusterRef:
+    """The plan file's ``cluster`` block: which cluster the plan was made for.
+
+    Attributes:
+        name: a cluster preset ('dgx-h100', 'localhost-cpu', ...) or a cluster file's stem.
+        nodes: servers of a GPU cluster (1 on localhost).
+        ranks: processes of a localhost cluster (None on GPU clusters: nodes say it).
+        path: the cluster YAML file the plan was made with (None for a preset).
+        cpu_profile: the calibrated profile a localhost plan was predicted with (None: the
+            preset's generic costs).
+        peak_flops_per_device: dense FLOP/s of one device at the plan's dtype; the runtime
+            reports MFU against it.
+    """
+
+    name: str
+    nodes: int = 1
+    ranks: int | None = None
+    path: str | None = None
+    cpu_profile: str | None = None
+    peak_flops_per_device: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PlanError(f"cluster name={self.name!r} must be a non-empty string")
+        for name in ("nodes", "ranks"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise PlanError(f"cluster {name}={value!r} must be a positive integer")
+        peak = self.peak_flops_per_device
+        if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float))
+                                 or not peak > 0):
+            raise PlanError(f"cluster peak_flops_per_device={peak!r} must be a number > 0 "
+                            f"(FLOP/s of one device), or absent")
+
+    @property
+    def is_localhost(self) -> bool:
+        """Ranks on this machine (the localhost-cpu preset or a ``kind: localhost`` file)."""
+        return self.ranks is not None or self.name == "localhost-cpu"
+
+    def to_dict(self) -> dict:
+        """The YAML-ready mapping (unset fields left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: object) -> ClusterRef:
+        """The block of a plan file; unknown keys are named with the known ones.
+
+        Raises:
+            PlanError: not a mapping, no name, an unknown key or an illegal value.
+        """
+        if not isinstance(data, dict):
+            raise PlanError(f"cluster must be a mapping, got {type(data).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        # plan files of meshplan 0.1 also wrote num_devices, which the plan's world size says
+        data = {k: v for k, v in data.items() if k != "num_devices"}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise PlanError(f"unknown cluster field(s) {unknown}; known fields are {known}")
+        if "name" not in data:
+            raise PlanError("cluster needs a 'name' (a preset or a cluster file's stem)")
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
 class PlanFile:
     """The contents of a plan file.
 
     Attributes:
         model: the model spec.
         plan: the plan.
-        cluster: at least ``name`` and ``nodes``; also ``peak_flops_per_device`` (FLOP/s of one
-            device at the plan's dtype), used by the runtime to report MFU.
+        cluster: the cluster the plan was made for (`ClusterRef`).
         prediction: the simulator's prediction the plan was chosen with (SI units).
         meshplan_version: version that wrote the file.
     """
 
     model: ModelSpec
     plan: Plan
-    cluster: dict
+    cluster: ClusterRef
     prediction: dict = field(default_factory=dict)
     meshplan_version: str = __version__
 
@@ -56,7 +121,7 @@ class PlanFile:
             "meshplan_version": self.meshplan_version,
             "model": dataclasses.asdict(self.model),
             "plan": plan,
-            "cluster": dict(self.cluster),
+            "cluster": self.cluster.to_dict(),
             "prediction": dict(self.prediction),
         }
 
@@ -129,9 +194,10 @@ def read_plan_file(path: str | Path) -> PlanFile:
             raise PlanError(f"plan file {path} has no '{key}' mapping")
     model_fields = dict(data["model"])
     model = model_from_dict(model_fields, name=model_fields.pop("name", "custom"))
-    cluster = dict(data["cluster"])
-    if "name" not in cluster:
-        raise PlanError(f"plan file {path}: cluster needs a 'name'")
+    try:
+        cluster = ClusterRef.from_dict(data["cluster"])
+    except PlanError as exc:
+        raise PlanError(f"plan file {path}: {exc}") from None
     return PlanFile(model=model, plan=plan_from_dict(data["plan"]), cluster=cluster,
                     prediction=dict(data.get("prediction") or {}),
                     meshplan_version=str(data.get("meshplan_version", "unknown")))

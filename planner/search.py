@@ -2,10 +2,11 @@
 stages, schedule, recomputation, ZeRO stage, sequence parallelism, placement), reject the illegal
 and out-of-memory ones with a reason, rank the rest.
 
-Two tiers: the analytical `simulator.estimate` screens every candidate that fits in memory, then
-the SimPy `simulator.simulate` refines the best ``top_k`` and the final ranking puts the refined
-rows first. When nothing fits, `SearchResult.infeasible` says which plans came closest, what
-they would need and which constraint blocks them (`planner.infeasible`).
+Two tiers: the analytical `simulator.step.simulate.estimate` screens every candidate that fits
+in memory, then the SimPy `simulator.step.simulate.simulate` refines the best ``top_k`` and the
+final ranking puts the refined rows first. When nothing fits, `SearchResult.infeasible` says
+which plans came closest, what they would need and which constraint blocks them
+(`planner.infeasible`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import pandas as pd
 
 from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import ModelSpec, Plan, PlanError
-from simulator.cluster import Cluster
-from simulator.costs import DEFAULT_OPTIONS
-from simulator.memory import MemoryBreakdown, memory_per_stage
-from simulator.simulate import StepPrediction, estimate, simulate
+from simulator.network.cluster import Cluster
+from simulator.step.costs import DEFAULT_OPTIONS
+from simulator.step.memory import MemoryBreakdown, memory_per_stage
+from simulator.step.simulate import StepPrediction, estimate, simulate
 
 RANKED_COLUMNS = ["id", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "recompute",
                   "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "hfu",

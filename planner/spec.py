@@ -121,17 +121,18 @@ class ModelSpec:
         """Width of the key (or value) projection output: num_kv_heads * head_dim."""
         return self.num_kv_heads * self.head_dim
 
-    def layer_params(self) -> int:
-        """Parameters of one transformer block (matrices, biases omitted for RMSNorm models).
-
-        QKV + output projection: h·(h + 2·kv_hidden) + h·h; MLP: 2·h·ffn (GeLU) or 3·h·ffn
-        (SwiGLU); two norms: 2h (RMSNorm) or 4h (LayerNorm weight and bias).
-        """
+    def layer_matmul_params(self) -> int:
+        """Matrix parameters of one transformer block: QKV + output projection
+        h·(h + 2·kv_hidden) + h·h, and the MLP 2·h·ffn (GeLU) or 3·h·ffn (SwiGLU)."""
         h = self.hidden
         attn = h * (h + 2 * self.kv_hidden) + h * h
-        mlp = (3 if self.activation == "swiglu" else 2) * h * self.ffn_hidden
-        norms = (4 if self.norm == "layernorm" else 2) * h
-        return attn + mlp + norms
+        return attn + (3 if self.activation == "swiglu" else 2) * h * self.ffn_hidden
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer block (biases omitted): its matrices
+        (`layer_matmul_params`) and two norms, 2h (RMSNorm) or 4h (LayerNorm weight and bias).
+        """
+        return self.layer_matmul_params() + (4 if self.norm == "layernorm" else 2) * self.hidden
 
     def embedding_params(self) -> int:
         """Parameters of the input embedding (V·h)."""
@@ -150,44 +151,6 @@ class ModelSpec:
     def replace(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-def matmul_params(model: ModelSpec) -> int:
-    """Parameters that take part in a matrix multiply for every token.
-
-    Every block matrix and the output projection (a (h, V) GEMM even when tied); the input
-    embedding is a table lookup and norms are elementwise, so neither counts.
-    """
-    h = model.hidden
-    attn = h * (h + 2 * model.kv_hidden) + h * h
-    mlp = (3 if model.activation == "swiglu" else 2) * h * model.ffn_hidden
-    return model.num_layers * (attn + mlp) + model.vocab_size * h
-
-
-def training_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
-    """Model FLOPs to train on one token (forward + backward, no recomputation).
-
-    ``6·N + 12·L·H·Q·T`` from PaLM (Chowdhery et al. 2022, appendix B), where N counts the
-    parameters used in matrix multiplies (`matmul_params`), L layers, H heads, Q head dim and T the
-    sequence length. The attention term counts the full (non-causal) score matrix, as PaLM and
-    Megatron (Narayanan et al. 2021, eq. 3) do, so MFU figures compare with theirs. For a GPT-3
-    style model this equals Korthikanti et al. 2022 eq. (7): 72·L·h²·(1 + s/6h + V/12Lh) per
-    token.
-
-    Args:
-        model: the model.
-        seq_len: tokens per sequence; defaults to ``model.seq_len``.
-    Returns:
-        FLOPs per token (float).
-    """
-    return 6.0 * matmul_params(model) + attention_flops_per_token(model, seq_len)
-
-
-def attention_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
-    """The attention term of `training_flops_per_token`: ``12·L·H·Q·T`` (PaLM appendix B),
-    the full (non-causal) score matrix, forward and backward."""
-    t = model.seq_len if seq_len is None else seq_len
-    return 12.0 * model.num_layers * model.num_heads * model.head_dim * t
 
 
 def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:

@@ -1,6 +1,6 @@
 """Launch a plan file with torchrun and collect its summary.
 
-`torchrun_command` builds the command line (one process per device of the plan, loopback
+`local_torchrun_command` builds the command line (one process per device of the plan, loopback
 rendezvous on a free port); `run_plan` runs it with one thread per rank, streams its output, and
 returns the parsed ``summary.json``. A failed run's error ends with one line (`failure_hint`):
 the rank that failed, the last step done and the ``--resume`` command when it left a checkpoint.
@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+from planner.launch import torchrun_command
 from planner.planfile import read_plan_file
 from runtime.faults import fault_cli_args
 
@@ -34,40 +35,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(plan_file_path: str | os.PathLike, *, steps: int, out_dir: str | os.PathLike,
-                     data: str | os.PathLike | None = None, nproc: int | None = None,
-                     master_port: int | None = None, seed: int = 0,
-                     save_params: str | os.PathLike | None = None, profile: bool = False,
-                     attention: str | None = None, max_restarts: int = 0,
-                     train_args: list[str] | None = None) -> list[str]:
-    """The torchrun command line that trains ``plan_file_path`` for ``steps`` steps.
+def local_torchrun_command(plan_file_path: str | os.PathLike, *, steps: int,
+                           out_dir: str | os.PathLike, data: str | os.PathLike | None = None,
+                           nproc: int | None = None, master_port: int | None = None,
+                           seed: int = 0, save_params: str | os.PathLike | None = None,
+                           profile: bool = False, attention: str | None = None,
+                           max_restarts: int = 0,
+                           train_args: list[str] | None = None) -> list[str]:
+    """The torchrun command line that trains ``plan_file_path`` on this machine
+    (`planner.launch.torchrun_command` with a loopback rendezvous).
 
     Args:
-        nproc: processes to start; defaults to the plan's world size (tp·pp·dp).
+        nproc: processes to start; defaults to the plan's world size.
         master_port: rendezvous port on 127.0.0.1; defaults to a free one.
         save_params, profile, attention: ``runtime.train``'s ``--save-params FILE``,
             ``--profile`` and ``--attention sdpa|tiled`` (None / False: not passed).
         max_restarts: torchrun ``--max-restarts`` (the whole group restarts on a failure).
-        train_args: more ``runtime.train`` flags (`runtime.elastic.fault_cli_args`).
+        train_args: more ``runtime.train`` flags (`runtime.faults.fault_cli_args`).
     Raises:
         PlanError: the plan file is missing or invalid.
     """
     if nproc is None:
         nproc = read_plan_file(plan_file_path).plan.world_size
-    port = free_port() if master_port is None else master_port
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(port),
-           "--max-restarts", str(max_restarts), "-m", "runtime.train", str(plan_file_path), "--steps", str(steps),
-           "--out", str(out_dir), "--seed", str(seed)]
+    extra = ["--seed", str(seed)]
     if save_params is not None:
-        cmd += ["--save-params", str(save_params)]
+        extra += ["--save-params", str(save_params)]
     if profile:
-        cmd += ["--profile"]
+        extra += ["--profile"]
     if attention is not None:
-        cmd += ["--attention", attention]
-    if data is not None:
-        cmd += ["--data", str(data)]
-    return cmd + list(train_args or [])
+        extra += ["--attention", attention]
+    return torchrun_command(plan_file_path, nproc_per_node=nproc, steps=steps, out_dir=out_dir,
+                            data=data, master_port=free_port() if master_port is None
+                            else master_port, max_restarts=max_restarts,
+                            train_args=extra + list(train_args or []))
 
 
 def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
@@ -99,7 +99,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     """
     if out_dir is None:
         out_dir = Path("runs") / read_plan_file(plan_file_path).plan.id
-    cmd = torchrun_command(plan_file_path, steps=steps, out_dir=out_dir, data=data,
+    cmd = local_torchrun_command(plan_file_path, steps=steps, out_dir=out_dir, data=data,
                            nproc=nproc, seed=seed, save_params=save_params, profile=profile,
                            attention=attention, max_restarts=max_restarts,
                            train_args=fault_cli_args(

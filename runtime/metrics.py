@@ -2,7 +2,7 @@
 
 Units are SI and sit in the key names. ``tokens_per_s`` is global (all ranks together);
 ``tokens_per_s_per_device`` divides it by the world size. MFU counts model FLOPs only
-(`planner.spec.training_flops_per_token`: 6·N per token plus attention, PaLM appendix B)
+(`planner.flops.mfu`: 6·N per token plus attention, PaLM appendix B)
 against ``peak_flops_per_device`` of the plan file's cluster block, which the record names.
 Peak memory per rank: ``torch.cuda.max_memory_allocated`` of the step on CUDA; on CPU the
 process's peak resident set so far (``ru_maxrss``; ``torch.cpu`` keeps no memory statistics).
@@ -18,8 +18,8 @@ import statistics
 
 import torch
 
+from planner.flops import mfu as model_flops_utilisation
 from planner.planfile import PlanFile
-from planner.spec import training_flops_per_token
 
 #: Profiler event names that are communication (collectives and P2P of gloo, nccl and c10d).
 COMM_EVENT_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
@@ -36,14 +36,14 @@ def step_record(step: int, loss: float, step_time_s: float, pf: PlanFile, *,
     """
     tokens = pf.plan.global_batch * pf.model.seq_len
     tokens_per_s = tokens / step_time_s
-    peak = pf.cluster.get("peak_flops_per_device")
-    mfu = (training_flops_per_token(pf.model) * tokens_per_s / (pf.plan.world_size * peak)
+    peak = pf.cluster.peak_flops_per_device
+    mfu = (model_flops_utilisation(pf.model, tokens_per_s, pf.plan.world_size, peak)
            if peak else None)
     record = {"step": step, "loss": loss, "step_time_s": step_time_s,
               "tokens_per_s": tokens_per_s, "mfu": mfu}
     if peak_memory_bytes is not None:
         record |= {"tokens_per_s_per_device": tokens_per_s / pf.plan.world_size,
-                   "peak_flops_per_device": peak, "device_profile": pf.cluster.get("name"),
+                   "peak_flops_per_device": peak, "device_profile": pf.cluster.name,
                    "peak_memory_bytes": peak_memory_bytes,
                    "peak_memory_bytes_max": max(peak_memory_bytes),
                    "comm_time_s": comm_time_s}

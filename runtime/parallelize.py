@@ -53,6 +53,7 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from planner.mesh import mesh_dims, mesh_shape
 from planner.spec import Plan, PlanError
 from runtime.model import Transformer
 
@@ -61,26 +62,19 @@ _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
 
 
 def build_mesh(plan: Plan, device_type: str = "cpu") -> DeviceMesh:
-    """A 3-D DeviceMesh with axes named "pp", "dp", "tp" and sizes plan.pp, plan.dp, plan.tp.
-
-    The axes are ordered by ``plan.placement`` (innermost = fastest varying over ranks last);
-    the default placement gives ("pp", "dp", "tp"): TP peers are neighbouring ranks (the same
-    node on a GPU cluster). The default process group must exist (call
-    ``dist.init_process_group`` first: when the mesh creates it, ``dist.get_backend()`` reports
-    "undefined" on CPU).
+    """The plan's DeviceMesh: dims and sizes from the one mesh layout (`planner.mesh`), e.g.
+    ("pp", "dp", "tp") for the default placement (cp inside dp when cp > 1): TP peers are
+    neighbouring ranks (the same node on a GPU cluster). The default process group must exist
+    (call ``dist.init_process_group`` first: when the mesh creates it, ``dist.get_backend()``
+    reports "undefined" on CPU).
 
     Raises:
-        PlanError: the plan is context-parallel (cp > 1), or the world size is not tp·pp·dp.
+        PlanError: the world size is not tp·cp·pp·dp.
     """
-    if plan.cp > 1:
-        raise PlanError(f"cp={plan.cp}: the runtime does not execute context parallelism; "
-                        f"use a plan with cp=1")
     world = dist.get_world_size()
     if world != plan.world_size:
         raise PlanError(f"{plan.degrees} != world_size({world})")
-    names = tuple(reversed(plan.placement))                   # outermost first
-    shape = tuple(getattr(plan, name) for name in names)
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return init_device_mesh(device_type, mesh_shape(plan), mesh_dim_names=mesh_dims(plan))
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False,

@@ -5,8 +5,9 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _no_calibrated_profile(tmp_path_factory, monkeypatch):
-    """Point profile lookup at an empty folder, so no test depends on (or is changed by) a
-    `meshplan calibrate` profile that happens to exist on the machine."""
+    """Point the command line's default profile folder at an empty one, so no command-line
+    test depends on (or is changed by) a `meshplan calibrate` profile that happens to exist
+    on the machine (the library itself only reads profiles it is given)."""
     monkeypatch.setenv("MESHPLAN_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))
 
 
@@ -14,7 +15,7 @@ def _no_calibrated_profile(tmp_path_factory, monkeypatch):
 def tiny_plan_file(tmp_path):
     """``tiny_plan_file(**plan_fields)``: a localhost-cpu plan file of tiny-gpt (fp32, global
     batch 8, ranks = tp·pp·dp) in ``tmp_path``, returning its path."""
-    from planner.planfile import PlanFile, write_plan_file
+    from planner.planfile import ClusterRef, PlanFile, write_plan_file
     from planner.presets import load_model
     from planner.spec import Plan
 
@@ -22,5 +23,5 @@ def tiny_plan_file(tmp_path):
         plan = Plan(**{"micro_batch": 1, "global_batch": 8, "dtype": "fp32", **fields})
         return write_plan_file(tmp_path / "plan.yaml", PlanFile(
             model=load_model("tiny-gpt"), plan=plan,
-            cluster={"name": "localhost-cpu", "nodes": 1, "ranks": plan.world_size}))
+            cluster=ClusterRef(name="localhost-cpu", nodes=1, ranks=plan.world_size)))
     return make

@@ -10,9 +10,9 @@ from planner.planfile import PlanFile, read_plan_file
 from planner.presets import PRESET_DIR as MODEL_PRESETS
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
-from simulator.cluster import PRESET_DIR, load_cluster
-from simulator.simulate import simulate
-from simulator.trace import chrome_trace
+from simulator.network.cluster import PRESET_DIR, load_cluster
+from simulator.step.simulate import simulate
+from simulator.step.trace import chrome_trace
 
 
 @pytest.fixture(scope="module")

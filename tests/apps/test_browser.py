@@ -85,7 +85,7 @@ def test_plan_table_in_chromium(app_url, tmp_path):
 
     from planner.presets import load_model
     from planner.search import search
-    from simulator.cluster import load_cluster
+    from simulator.network.cluster import load_cluster
     best = search(load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2), global_batch=64,
                   top_k=20, micro_batches=(1, 2, 4, 8)).best
 

@@ -32,12 +32,12 @@ def test_restart_line_names_the_losses():
 
 
 def _plan_file(tmp_path):
-    from planner.planfile import PlanFile, write_plan_file
+    from planner.planfile import ClusterRef, PlanFile, write_plan_file
     from planner.presets import load_model
     from planner.spec import Plan
     plan = Plan(tp=1, pp=1, dp=2, micro_batch=1, global_batch=8)
     return write_plan_file(tmp_path / "plan.yaml", PlanFile(
-        model=load_model("llama3-8b"), plan=plan, cluster={"name": "dgx-h100", "nodes": 1},
+        model=load_model("llama3-8b"), plan=plan, cluster=ClusterRef(name="dgx-h100", nodes=1),
         prediction={}))
 
 
@@ -47,8 +47,8 @@ def test_simulate_straggler_doubles_the_slow_replicas_compute(tmp_path, capsys):
     from apps.cli import main
     from planner.presets import load_model
     from planner.spec import Plan
-    from simulator.cluster import load_cluster
-    from simulator.costs import stage_costs
+    from simulator.network.cluster import load_cluster
+    from simulator.step.costs import stage_costs
     path = _plan_file(tmp_path)
     assert main(["simulate", str(path), "--straggler", "rank=1,factor=2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -7,7 +7,7 @@ import yaml
 
 from apps.cli import main
 from apps.cmd_topo import parse_op, parse_size
-from planner.planfile import PlanFile, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
 
@@ -33,7 +33,7 @@ def test_collective_table_and_ranks(capsys):
 def test_topo_summary_png_and_placement(tmp_path, capsys):
     plan = Plan(tp=8, pp=2, dp=4, micro_batch=1, global_batch=8)
     path = write_plan_file(tmp_path / "p.yaml", PlanFile(
-        model=load_model("llama3-8b"), plan=plan, cluster={"name": "dgx-h100", "nodes": 8}))
+        model=load_model("llama3-8b"), plan=plan, cluster=ClusterRef(name="dgx-h100", nodes=8)))
     png = tmp_path / "t.png"
     assert main(["topo", "dgx-h100", "--nodes", "8", "--png", str(png), "--plan", str(path),
                  "--json"]) == 0

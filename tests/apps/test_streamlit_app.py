@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from planner.presets import load_model  # noqa: E402
 from planner.search import search  # noqa: E402
-from simulator.cluster import load_cluster  # noqa: E402
-from simulator.simulate import simulate  # noqa: E402
+from simulator.network.cluster import load_cluster  # noqa: E402
+from simulator.step.simulate import simulate  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[2] / "apps" / "streamlit_app.py")
 
@@ -121,8 +121,9 @@ def test_downloads_offer_the_launch_command(reference):
     at = _app()
     command = at.code[0].value
     assert "torch.distributed.run" in command and f"{result.best.id}.yaml" in command
-    if result.best.world_size == 16:  # 2 nodes x 8 GPUs: one torchrun line per node
-        assert "--nnodes 2 --node-rank 1 --nproc-per-node 8" in command
+    # the search fills both nodes (all devices by default): one torchrun line per node
+    assert result.best.world_size == 16
+    assert "--nnodes 2 --node-rank 1 --nproc-per-node 8" in command
 
 
 def test_plan_that_does_not_fit_shows_the_reason():
@@ -157,7 +158,11 @@ def test_localhost_cluster_uses_ranks():
     at = _app(model_preset="tiny-gpt", cluster_preset="localhost-cpu", ranks=2,
               global_batch=8)
     assert not at.error
-    assert at.table[0].value.index[0].startswith("tp")
+    # the library's own search on the same two ranks (the app's default search options)
+    want = search(load_model("tiny-gpt"), load_cluster("localhost-cpu", ranks=2),
+                  global_batch=8, top_k=20, micro_batches=(1, 2, 4, 8))
+    assert at.table[0].value.index[0] == want.best.id
+    assert want.best.world_size == 2
 
 
 def test_every_widget_has_a_stable_key():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.launch import procs_per_node, sbatch_script, torchrun_node_command
-from planner.planfile import PlanFile, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
 
@@ -21,14 +21,14 @@ def dp2_plan(tmp_path):
     plan = Plan(tp=1, pp=1, dp=2, micro_batch=2, global_batch=4, dtype="fp32")
     return write_plan_file(tmp_path / "plan.yaml", PlanFile(
         model=load_model("tiny-gpt"), plan=plan,
-        cluster={"name": "localhost-cpu", "nodes": 2, "num_devices": 2}))
+        cluster=ClusterRef(name="localhost-cpu", nodes=2)))
 
 
 @pytest.fixture
 def big_plan(tmp_path):
     plan = Plan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=64)
     return write_plan_file(tmp_path / "big.yaml", PlanFile(
-        model=load_model("llama3-70b"), plan=plan, cluster={"name": "dgx-h100", "nodes": 16}))
+        model=load_model("llama3-70b"), plan=plan, cluster=ClusterRef(name="dgx-h100", nodes=16)))
 
 
 def test_each_node_gets_its_share_of_the_ranks(big_plan):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.planfile import PlanFile, read_plan_file, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, read_plan_file, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
 
@@ -11,7 +11,7 @@ def test_round_trip(tmp_path):
     pf = PlanFile(model=load_model("tiny-gpt"),
                   plan=Plan(tp=2, pp=1, dp=1, micro_batch=2, global_batch=8, dtype="fp32",
                             stage_layers=None),
-                  cluster={"name": "localhost-cpu", "nodes": 1},
+                  cluster=ClusterRef(name="localhost-cpu", nodes=1),
                   prediction={"step_time_s": 0.5})
     path = write_plan_file(tmp_path / "plan.yaml", pf)
     assert read_plan_file(path) == pf
@@ -25,7 +25,7 @@ def test_missing_file_names_the_path(tmp_path):
 def test_unknown_plan_field(tmp_path):
     pf = PlanFile(model=load_model("tiny-gpt"),
                   plan=Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1),
-                  cluster={"name": "localhost-cpu"})
+                  cluster=ClusterRef(name="localhost-cpu"))
     data = pf.to_dict()
     data["plan"]["tensor_parallel"] = 2
     import yaml

@@ -2,8 +2,9 @@
 
 import pytest
 
+from planner.flops import training_flops_per_token
 from planner.presets import load_model, model_names
-from planner.spec import ModelSpec, Plan, PlanError, check_plan, training_flops_per_token
+from planner.spec import ModelSpec, Plan, PlanError, check_plan
 
 
 def test_presets_load_and_name_their_source():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.planfile import PlanFile, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import ModelSpec, Plan
 
@@ -48,7 +48,7 @@ def make_tiny_plan(**changes) -> Plan:
 
 def write_plan_for(folder: Path, name: str, plan: Plan, model: ModelSpec | None = None) -> Path:
     """Write a plan file for ``plan`` (tiny-gpt unless ``model`` is given) and return its path."""
-    cluster = {"name": "localhost-cpu", "nodes": 1, "peak_flops_per_device": CPU_PEAK_FLOPS}
+    cluster = ClusterRef(name="localhost-cpu", nodes=1, peak_flops_per_device=CPU_PEAK_FLOPS)
     plan_file = PlanFile(model=model or make_tiny_model(), plan=plan, cluster=cluster,
                          prediction={"step_time_s": 0.1})
     return write_plan_file(folder / f"{name}.yaml", plan_file)

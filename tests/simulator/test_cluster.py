@@ -5,8 +5,8 @@ import os
 import pytest
 
 from planner.spec import PlanError
-from simulator.cluster import cluster_names, load_cluster
-from simulator.hardware import load_device
+from simulator.network.cluster import cluster_names, load_cluster
+from simulator.network.hardware import load_device
 
 
 def test_presets_are_listed():

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from planner.spec import PlanError
-from simulator.cluster import load_cluster, node_type_names
-from simulator.hardware import load_device
-from simulator.topology import bisection_bandwidth_Bps, draw_png, summary
+from simulator.network.cluster import load_cluster, node_type_names
+from simulator.network.hardware import load_device
+from simulator.network.topology import bisection_bandwidth_Bps, draw_png, summary
 
 
 def _write(tmp_path, spec: dict, name: str = "mine"):
@@ -133,8 +133,8 @@ def test_bad_yaml_is_a_plan_error(tmp_path):
         load_cluster(str(path))
 
 
-@pytest.mark.parametrize("module", ["simulator.fabric", "simulator.topology",
-                                    "simulator.placement", "simulator.collectives",
+@pytest.mark.parametrize("module", ["simulator.network.fabric", "simulator.network.topology",
+                                    "simulator.network.placement", "simulator.network.collectives",
                                     "apps.cmd_topo"])
 def test_doctest_examples_pass(module):
     import doctest

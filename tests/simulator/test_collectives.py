@@ -2,9 +2,10 @@
 
 import pytest
 
+from planner.mesh import group_ranks
 from planner.spec import Plan
-from simulator.cluster import load_cluster
-from simulator.collectives import collective_time_s, group_devices, ring_allreduce_time_s
+from simulator.network.cluster import load_cluster
+from simulator.network.collectives import collective_time_s, ring_allreduce_time_s
 
 
 def test_ring_allreduce_on_uniform_ring_by_hand():
@@ -24,7 +25,7 @@ def test_one_gpu_per_node_ring_uses_nic_bandwidth():
     # DP group of tp8 plans: one GPU per node, ring over 50 GB/s NDR NICs (datasheet).
     cluster = load_cluster("dgx-h100", nodes=4).ideal()
     plan = Plan(tp=8, pp=1, dp=4, micro_batch=1, global_batch=4)
-    group = group_devices(plan, "dp")
+    group = group_ranks(plan, "dp")
     assert list(group) == [0, 8, 16, 24]
     got = collective_time_s(cluster, "all_reduce", 1e9, group, algorithm="ring")
     link = cluster.link(0, 8)
@@ -49,7 +50,7 @@ def test_unknown_collective_kind_is_rejected():
 def test_oversubscribed_spine_slows_cross_leaf_rings_only(tmp_path):
     import yaml
 
-    from simulator.cluster import PRESET_DIR
+    from simulator.network.cluster import PRESET_DIR
     spec = yaml.safe_load((PRESET_DIR / "clusters.yaml").read_text())["dgx-h100"]
     spec["fabric"]["oversubscription"] = 2.0
     path = tmp_path / "h100-2to1.yaml"

@@ -5,18 +5,18 @@ import math
 import pytest
 import yaml
 
+from planner.mesh import group_ranks
 from planner.spec import Plan, PlanError
-from simulator.cluster import load_cluster
-from simulator.collectives import (
+from simulator.network.cluster import load_cluster
+from simulator.network.collectives import (
     COLLECTIVES,
     busbw_factor,
     collective_cost,
     collective_time_s,
     concurrent_groups,
-    group_devices,
     ring_allreduce_time_s,
 )
-from simulator.placement import placement_report, rank_to_device
+from simulator.network.placement import placement_report
 
 
 def _file(tmp_path, **fabric):
@@ -129,8 +129,8 @@ def test_16384_gpu_dp_allreduce_costs():
     # Speed (first call and the cached second): benchmarks/simulator_bench.py.
     cluster = load_cluster("dgx-h100", nodes=2048)
     plan = Plan(tp=8, pp=1, dp=2048, micro_batch=1, global_batch=2048)
-    first = collective_time_s(cluster, "all_reduce", 2**30, group_devices(plan, "dp"))
-    again = collective_time_s(cluster, "all_reduce", 2**31, group_devices(plan, "dp"))
+    first = collective_time_s(cluster, "all_reduce", 2**30, group_ranks(plan, "dp"))
+    again = collective_time_s(cluster, "all_reduce", 2**31, group_ranks(plan, "dp"))
     # Twice the bytes: more time, less than twice (the latency part does not grow).
     assert math.isfinite(first) and first < again < 2 * first
 
@@ -143,9 +143,9 @@ def test_scaled_links_scale_the_library_costs_too():
 
 def test_placement_maps_ranks_and_reports_crossings():
     plan = Plan(tp=8, pp=2, dp=4, micro_batch=1, global_batch=4)
-    assert rank_to_device(plan).tolist() == list(range(64))
+    assert list(group_ranks(plan, "tp")) == list(range(8))
     spread = plan.replace(placement=("dp", "tp", "pp"))
-    assert rank_to_device(spread)[:3].tolist() == [0, 4, 8]
+    assert list(group_ranks(spread, "tp"))[:3] == [0, 4, 8]
     cluster = load_cluster("dgx-h100", nodes=8)
     default = {g.axis: g for g in placement_report(plan, cluster)}
     assert default["tp"].crossing_node == 0 and default["dp"].crossing_node == 16

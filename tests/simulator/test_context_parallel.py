@@ -4,17 +4,17 @@ are hand calculations from the formulas the docstrings cite."""
 
 import pytest
 
+from planner.mesh import group_ranks
 from planner.planfile import plan_from_dict
 from planner.presets import load_model
 from planner.search import search
 from planner.space import SearchSpace, enumerate_candidates
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
-from simulator.cluster import load_cluster
-from simulator.collectives import group_devices
-from simulator.compute import layer_forward_ops
-from simulator.costs import SimOptions, cp_ring_comm, stage_costs
-from simulator.memory import layer_activation_bytes, memory_per_stage
-from simulator.simulate import simulate
+from simulator.network.cluster import load_cluster
+from simulator.step.compute import layer_forward_ops
+from simulator.step.costs import SimOptions, cp_ring_comm, stage_costs
+from simulator.step.memory import layer_activation_bytes, memory_per_stage
+from simulator.step.simulate import simulate
 
 GPT = ModelSpec(name="gpt", num_layers=8, hidden=4096, num_heads=32, num_kv_heads=32,
                 ffn_hidden=16384, vocab_size=51200, seq_len=32768, activation="gelu")
@@ -43,10 +43,10 @@ def test_world_size_id_and_seq_len_check():
 def test_cp_ranks_sit_inside_the_dp_axis():
     # Megatron order tp-cp-dp-pp: tp=2 innermost, then cp=2, then dp=2.
     plan = _plan(2, tp=2, dp=2, global_batch=2)
-    assert list(group_devices(plan, "tp")) == [0, 1]
-    assert list(group_devices(plan, "cp")) == [0, 2]
-    assert list(group_devices(plan, "dp")) == [0, 4]
-    assert list(group_devices(plan, "dp_cp")) == [0, 2, 4, 6]
+    assert list(group_ranks(plan, "tp")) == [0, 1]
+    assert list(group_ranks(plan, "cp")) == [0, 2]
+    assert list(group_ranks(plan, "dp")) == [0, 4]
+    assert list(group_ranks(plan, "dp_cp")) == [0, 2, 4, 6]
 
 
 def test_ops_hold_s_over_cp_tokens_and_attend_to_all_keys():

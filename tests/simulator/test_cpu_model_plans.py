@@ -7,12 +7,13 @@ import pytest
 
 from planner.presets import load_model
 from planner.spec import Plan
-from simulator.calibrate import _terms_from_models, write_profile
-from simulator.cluster import load_cluster
-from simulator.costs import stage_costs
-from simulator.cpu_model import active_ranks, cpu_stage_costs, shape_key
-from simulator.memory import chunk_params, stage_params
-from tests.simulator.test_calibrate import _terms, synthetic_profile
+from runtime.calibrate.calibrate import _terms_from_models, write_profile
+from simulator.network.cluster import load_cluster
+from simulator.network.cpu_profile import shape_key
+from simulator.step.costs import stage_costs
+from simulator.step.cpu_model import active_ranks, cpu_stage_costs
+from simulator.step.memory import chunk_params, stage_params
+from tests.runtime.test_calibrate import _terms, synthetic_profile
 
 TINY = load_model("tiny-gpt")                  # 4 layers, h 256, seq 128
 ACTION_S = 5e-4                                # one pipeline action (synthetic)
@@ -40,8 +41,9 @@ def profile(selective: bool = True) -> dict:
 
 
 def _costs(plan: Plan, selective: bool = True):
-    write_profile(profile(selective))
-    return cpu_stage_costs(TINY, plan, load_cluster("localhost-cpu", ranks=plan.world_size))
+    path = write_profile(profile(selective))
+    return cpu_stage_costs(TINY, plan, load_cluster("localhost-cpu", ranks=plan.world_size,
+                                                    cpu_profile=path))
 
 
 def test_interleaved_chunks_are_stages_of_fewer_layers_that_pay_each_action():
@@ -162,10 +164,10 @@ def test_an_interleaved_schedule_pays_its_own_measured_action_cost():
     data = profile()
     for coll in data["cpu_costs"]["collectives"].values():
         coll["pipeline_action_interleaved_s"] = 7e-4
-    write_profile(data)
+    path = write_profile(data)
     v1 = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8, dtype="fp32")
     v2 = v1.replace(schedule="interleaved-1f1b", virtual_stages=2)
-    cluster = load_cluster("localhost-cpu", ranks=2)
+    cluster = load_cluster("localhost-cpu", ranks=2, cpu_profile=path)
     scale1, scale2 = 1.0 + 0.1 * (16 / 9 - 1), 1.0 + 0.1 * (32 / 17 - 1)   # busy ranks
     assert cpu_stage_costs(TINY, v1, cluster)[1].bwd_compute_s == pytest.approx(
         2 * 0.02 * scale1 + (0.01 * scale1 - 1e-4) + 5e-4)

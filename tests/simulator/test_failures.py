@@ -3,16 +3,19 @@
 import pytest
 
 from planner.spec import PlanError
-from simulator.failures import (
+from simulator.failures.goodput import (
     checkpoint_write_s,
+    daly_interval_s,
     exact_goodput,
+    expected_goodput,
     job_failure_rate_per_s,
     job_goodput,
+)
+from simulator.failures.montecarlo import (
     monte_carlo_goodput,
     predicted_run_goodput,
     straggler_step_time_s,
 )
-from simulator.goodput import daly_interval_s, expected_goodput
 
 #: (checkpoint C s, restart R s, job MTBF M s): a 3 h, a 1.5 h and an 8 h MTBF cluster.
 CASES = [(60.0, 600.0, 3 * 3600.0), (120.0, 300.0, 1.5 * 3600.0), (300.0, 900.0, 8 * 3600.0)]
@@ -63,9 +66,9 @@ def test_spares_shorten_node_failures():
     assert four.spare_waits < none.spare_waits == none.node_failures
 
 
-def test_job_goodput_uses_daly_interval_and_state_bytes():
+def test_job_goodput_uses_daly_interval_and_the_checkpoint_write():
     g = job_goodput(tokens_per_s=1e6, num_devices=1024, device_mtbf_s=5e4 * 3600,
-                    state_bytes=840e9, storage_bandwidth_Bps=20e9, restart_s=600.0)
+                    checkpoint_s=checkpoint_write_s(840e9, 20e9), restart_s=600.0)
     assert g.checkpoint_s == pytest.approx(42.0)
     assert g.interval_s == pytest.approx(daly_interval_s(42.0, g.mtbf_s))
     assert 0.8 < g.goodput < 1.0 and g.effective_tokens_per_s == pytest.approx(1e6 * g.goodput)
@@ -89,19 +92,12 @@ def test_run_goodput_with_known_failures():
     assert g == pytest.approx(10 / (10 + 5 + 1))
 
 
-def test_module_doctests_pass():
-    import doctest
-
-    import simulator.failures
-    assert doctest.testmod(simulator.failures).failed == 0
-
-
 def test_simulated_straggler_slows_its_stage_pipeline_and_replica():
     from planner.presets import load_model
     from planner.spec import Plan
-    from simulator.cluster import load_cluster
-    from simulator.failures import simulate_straggler
-    from simulator.simulate import simulate
+    from simulator.failures.montecarlo import simulate_straggler
+    from simulator.network.cluster import load_cluster
+    from simulator.step.simulate import simulate
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=4)
     flat = Plan(tp=4, pp=1, dp=8, micro_batch=1, global_batch=32)
     base = simulate(model, flat, cluster)
@@ -122,7 +118,6 @@ def test_ample_spares_add_the_swap_delay_to_node_failure_restarts():
     # half the failures take a node; a spare is always there and takes 1200 s to swap in, so
     # the mean restart is 600 + 0.5 x 1200 = 1200 s; the exponential model at that restart is
     # within 1% of the Monte Carlo (about 3000 failures)
-    from simulator.failures import exact_goodput
     mtbf, checkpoint = 3 * 3600.0, 60.0
     tau = daly_interval_s(checkpoint, mtbf)
     mc = monte_carlo_goodput(interval_s=tau, checkpoint_s=checkpoint, restart_s=600.0,
@@ -131,7 +126,6 @@ def test_ample_spares_add_the_swap_delay_to_node_failure_restarts():
     assert mc.spare_waits == 0
     assert mc.goodput == pytest.approx(exact_goodput(tau, checkpoint, 1200.0, mtbf), rel=0.01)
     # job_goodput's node share: 2 nodes at 1e5 s against 16 devices at 1e6 s -> 5/9
-    g = job_goodput(tokens_per_s=1.0, num_devices=16, device_mtbf_s=1e6, state_bytes=1e9,
-                    storage_bandwidth_Bps=1e9, restart_s=300.0, node_mtbf_s=1e5,
-                    spare_delay_s=900.0)
+    g = job_goodput(tokens_per_s=1.0, num_devices=16, device_mtbf_s=1e6, checkpoint_s=1.0,
+                    restart_s=300.0, node_mtbf_s=1e5, spare_delay_s=900.0)
     assert g.restart_s == pytest.approx(300.0 + 900.0 * 5 / 9)

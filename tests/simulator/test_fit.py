@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.compute import load_efficiency
-from simulator.fit import cases_on_device, fit_efficiency, mape, nelder_mead
-from simulator.validate import predict, read_runs
+from simulator.step.compute import load_efficiency
+from simulator.validation.fit import cases_on_device, fit_efficiency, mape, nelder_mead
+from simulator.validation.validate import predict, read_runs
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 SINGLE = DATA / "vtrain" / "ground_truth_single.csv"

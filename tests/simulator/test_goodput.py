@@ -5,11 +5,11 @@ import math
 import pytest
 
 from planner.spec import PlanError
-from simulator.goodput import (
+from simulator.failures.goodput import (
     cluster_mtbf_s,
     daly_interval_s,
     expected_goodput,
-    goodput_estimate,
+    job_goodput,
     young_interval_s,
 )
 
@@ -56,9 +56,9 @@ def test_daly_interval_beats_nearby_intervals():
         assert expected_goodput(best * scale, 120.0, 300.0, 14_400.0) < at_best
 
 
-def test_goodput_estimate_defaults_to_daly_and_scales_tokens():
-    g = goodput_estimate(tokens_per_s=2e6, num_devices=1000, device_mtbf_s=3.6e6,
-                         checkpoint_s=50.0, restart_s=0.0)
+def test_job_goodput_defaults_to_daly_and_scales_tokens():
+    g = job_goodput(tokens_per_s=2e6, num_devices=1000, device_mtbf_s=3.6e6,
+                    checkpoint_s=50.0, restart_s=0.0)
     assert g.mtbf_s == 3600.0
     assert g.interval_s == g.daly_interval_s
     assert g.goodput == g.optimal_goodput
@@ -70,10 +70,3 @@ def test_bad_input_names_the_field():
         young_interval_s(0, 100.0)
     with pytest.raises(PlanError, match="restart_s=-1"):
         expected_goodput(10.0, 1.0, -1, 100.0)
-
-
-def test_module_doctests_pass():
-    import doctest
-
-    import simulator.goodput
-    assert doctest.testmod(simulator.goodput).failed == 0

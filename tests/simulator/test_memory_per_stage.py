@@ -4,7 +4,7 @@ import pytest
 
 from planner.presets import load_model
 from planner.spec import Plan
-from simulator.memory import layer_activation_bytes, memory_per_stage
+from simulator.step.memory import layer_activation_bytes, memory_per_stage
 
 GPT3 = load_model("gpt3-175b")  # s=2048, h=12288, a=96, f=4h (Brown et al. 2020)
 
@@ -80,7 +80,7 @@ def test_1f1b_first_stage_holds_pp_microbatches():
 def test_interleaved_first_rank_holds_pp_times_one_plus_one_over_v():
     # Megatron-LM interleaved warm-up: rank 0 holds 2(pp-1) + (v-1)pp + 1 chunk micro-batches,
     # each 1/v of the stage: pp=4, v=2 -> (6 + 4 + 1)/2 = 5.5 stage micro-batches.
-    from simulator.memory import microbatches_in_flight
+    from simulator.step.memory import microbatches_in_flight
     p = plan(pp=4, global_batch=16, schedule="interleaved-1f1b", virtual_stages=2)
     assert microbatches_in_flight(p, 0) == 5.5
     assert microbatches_in_flight(p, 3) == (0 + 4 + 1) / 2

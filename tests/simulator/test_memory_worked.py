@@ -5,7 +5,7 @@ import pytest
 
 from planner.presets import load_model
 from planner.spec import Plan
-from simulator.memory import layer_activation_bytes, memory_per_stage
+from simulator.step.memory import layer_activation_bytes, memory_per_stage
 
 LLAMA8B = load_model("llama3-8b")  # s=8192, h=4096, kv=8 heads of 128 -> k=1024, f=14336
 

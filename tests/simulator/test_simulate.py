@@ -6,9 +6,10 @@ import pytest
 
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
-from simulator.cluster import load_cluster
-from simulator.costs import StageCosts, stage_costs
-from simulator.simulate import estimate, schedule_order, simulate, simulate_pipeline
+from simulator.network.cluster import load_cluster
+from simulator.step.costs import StageCosts, stage_costs
+from simulator.step.pipeline import schedule_order, simulate_pipeline
+from simulator.step.simulate import estimate, simulate
 
 LLAMA70B = load_model("llama3-70b")
 TINY = load_model("tiny-gpt")
@@ -170,7 +171,7 @@ def test_interleaved_plan_beats_plain_1f1b_and_estimate_agrees():
 
 
 def test_trace_exports_to_chrome_format(tmp_path):
-    from simulator.trace import write_chrome_trace
+    from simulator.step.trace import write_chrome_trace
     pred = simulate(TINY, Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, dtype="fp32"),
                     load_cluster("localhost-cpu", ranks=2), trace=True)
     data = json.loads(write_chrome_trace(pred.events, tmp_path / "t.json").read_text())

@@ -3,8 +3,8 @@
 import pytest
 
 from planner.spec import ModelSpec, Plan, PlanError
-from simulator.costs import StageCosts
-from simulator.simulate import estimate_pipeline, simulate_pipeline
+from simulator.step.costs import StageCosts
+from simulator.step.pipeline import estimate_pipeline, simulate_pipeline
 
 T_F, T_B = 1.0e-3, 2.0e-3
 
@@ -50,8 +50,8 @@ def test_a_split_that_misses_a_layer_is_an_error_not_a_smaller_model():
 
 
 def test_uneven_split_makes_the_heavy_stage_critical():
-    from simulator.cluster import load_cluster
-    from simulator.simulate import simulate
+    from simulator.network.cluster import load_cluster
+    from simulator.step.simulate import simulate
     cluster = load_cluster("dgx-a100", nodes=1)
     even = Plan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, stage_layers=(8, 8, 7, 7))
     skew = even.replace(stage_layers=(12, 6, 6, 6))

@@ -1,44 +1,24 @@
 """Stragglers in the step simulation: a slow rank slows its TP group, its pipeline, its DP group.
 
 Expected values are worked out by hand from the schedules (each test says how); the rank
-numbering is checked against torch's own DeviceMesh (`runtime.parallelize.build_mesh`).
+numbering is the one mesh layout's (`planner.mesh`, checked in tests/planner/test_mesh.py).
 """
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 
+from planner.mesh import rank_coords
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
-from simulator.cluster import load_cluster
-from simulator.costs import StageCosts, stage_costs
-from simulator.simulate import estimate, simulate, simulate_pipeline
-from simulator.stragglers import (
+from simulator.failures.stragglers import (
     estimate_with_stragglers,
-    rank_coordinates,
     simulate_with_stragglers,
 )
-
-
-@pytest.mark.parametrize("placement", [("tp", "dp", "pp"), ("dp", "tp", "pp"),
-                                       ("pp", "tp", "dp")])
-def test_rank_coordinates_follow_build_mesh(placement):
-    # the runtime's own numbering: build_mesh on a fake process group of each rank
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from runtime.parallelize import build_mesh
-    plan = Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, placement=placement)
-    for rank in range(plan.world_size):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
-        try:
-            mesh = build_mesh(plan)
-            want = {axis: mesh[axis].get_local_rank() for axis in ("pp", "dp", "tp")}
-        finally:
-            dist.destroy_process_group()
-        assert rank_coordinates(plan, rank) == want
+from simulator.network.cluster import load_cluster
+from simulator.step.costs import StageCosts, stage_costs
+from simulator.step.pipeline import simulate_pipeline
+from simulator.step.simulate import estimate, simulate
 
 
 def _flat_case(**plan_fields):
@@ -123,7 +103,7 @@ def test_each_stage_reduction_waits_for_the_latest_replica():
     plan = Plan(tp=1, pp=2, dp=2, micro_batch=1, global_batch=2, schedule="gpipe")
     stage = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0, dp_comm_s=1.0, optimizer_s=1.0)
     costs = [stage, stage]
-    assert rank_coordinates(plan, 3) == {"pp": 1, "dp": 1, "tp": 0}
+    assert rank_coords(plan, 3) == {"pp": 1, "dp": 1, "cp": 0, "tp": 0}
     assert simulate_with_stragglers(costs, plan, {0: 2.0}).step_time_s == 12.0
     assert simulate_with_stragglers(costs, plan, {3: 3.0}).step_time_s == 14.0
     both = simulate_with_stragglers(costs, plan, {0: 2.0, 3: 3.0}, trace=True)
@@ -172,8 +152,3 @@ def test_bad_stragglers_name_the_value_and_the_fix():
         simulate(model, plan, cluster, stragglers={8: 2.0})
     with pytest.raises(PlanError, match="factor=0.5 on rank 1 must be a finite number >= 1"):
         estimate(model, plan, cluster, stragglers={1: 0.5})
-
-
-def test_module_doctests_pass():
-    import simulator.stragglers
-    assert doctest.testmod(simulator.stragglers).failed == 0

@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from planner.spec import PlanError
-from simulator.validate import _family, gpu_cluster, read_runs, validate_runs
+from simulator.validation.validate import _family, gpu_cluster, read_runs, validate_runs
 
 HEADER = ["id", "source", "table", "model", "params_b", "layers", "hidden", "heads",
           "kv_heads", "ffn_hidden", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "dp",
@@ -98,7 +98,7 @@ def test_degrees_fill_in_and_cp_is_read(tmp_path):
 
 
 def test_error_by_groups_bias_mape_and_spread(tmp_path):
-    from simulator.validate import error_by
+    from simulator.validation.validate import error_by
     path = _write(tmp_path, [_row(id="a", gpu="A100 80GB", micro_batch=4),
                              _row(id="b", gpu="A100 80GB", micro_batch=4),
                              _row(id="c", gpu="A100 80GB", micro_batch=2)])

@@ -5,18 +5,18 @@ Expected values are hand calculations from the cluster's own link parameters."""
 
 import pytest
 
+from planner.mesh import group_ranks
 from planner.presets import load_model
 from planner.spec import Plan
-from simulator.cluster import load_cluster
-from simulator.collectives import (
+from simulator.network.cluster import load_cluster
+from simulator.network.collectives import (
     collective_time_s,
-    group_devices,
     p2p_boundary_time_s,
     p2p_time_on_cluster_s,
 )
-from simulator.compute import layer_compute, load_efficiency
-from simulator.costs import SimOptions, _device, stage_costs
-from simulator.validate import CLUSTER_DIR, _a100_40gb, validation_cluster
+from simulator.step.compute import layer_compute, load_efficiency
+from simulator.step.costs import SimOptions, _device, stage_costs
+from simulator.validation.validate import CLUSTER_DIR, _a100_40gb, validation_cluster
 
 GPT3 = load_model("gpt3-175b")
 
@@ -54,7 +54,7 @@ def test_zero3_without_prefetch_or_reduce_overlap_exposes_every_collective():
     # weight gather, the backward for a second gather and the reduce-scatter.
     cluster, plan, costs = _zero3(SimOptions(zero3_prefetch_params=0.0,
                                              zero3_overlap_reduce=False))
-    group = group_devices(plan, "dp")
+    group = group_ranks(plan, "dp")
     nbytes = GPT3.layer_params() * 2
     gather = collective_time_s(cluster, "all_gather", nbytes, group)
     scatter = collective_time_s(cluster, "reduce_scatter", nbytes, group)
@@ -68,7 +68,7 @@ def test_zero3_prefetch_of_a_fraction_exposes_the_rest():
     quarter = GPT3.layer_params() / 4
     _, _, part = _zero3(SimOptions(zero3_prefetch_params=quarter))
     gather = collective_time_s(cluster, "all_gather", GPT3.layer_params() * 2,
-                               group_devices(plan, "dp"))
+                               group_ranks(plan, "dp"))
     assert part.fwd_comm_s >= GPT3.num_layers * 0.75 * gather * (1 - 1e-9)
     assert part.fwd_comm_s > full.fwd_comm_s
 
@@ -94,8 +94,8 @@ def test_2020_dgx_a100_rows_run_on_the_40gb_part():
 def test_triton_flash_attention_runs_at_one_over_1_8_of_flashattention_2():
     # Dao 2023 §4.1: FlashAttention-2 is 1.3-2.5x faster than FlashAttention in Triton; the
     # model takes 1.8x. Only the attention core changes; GEMMs and memory ops do not.
-    from simulator.compute import layer_forward_ops, op_time_s
-    from simulator.hardware import load_device
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import layer_forward_ops, op_time_s
     a100, eff = load_device("a100-sxm-80gb"), load_efficiency("a100-sxm-80gb")
     mpt = load_model("llama3-8b")
     fa2 = {o.name: o for o in layer_forward_ops(mpt, 1, 1, False, "flash", "bf16")}
@@ -111,7 +111,7 @@ def test_deepspeed_partition_counts_the_tied_embedding_as_a_layer_on_both_ends()
     # 72 layers + 2 embedding units = 74 units on 12 stages: no split has every stage <= 6
     # units (6 x 12 = 72 < 74), so the bottleneck is 7 units; filled greedily, the first
     # stage holds the embedding + 6 layers and the middle ones 7 layers: 7/6 of an even split.
-    from simulator.validate import deepspeed_split
+    from simulator.validation.validate import deepspeed_split
     split = deepspeed_split(72, 12)
     assert sum(split) == 72 and len(split) == 12 and min(split) >= 1
     assert split[0] == 6 and max(split) == 7
@@ -124,7 +124,7 @@ def test_megatron_softmax_falls_back_to_five_fp32_kernels_when_b_times_heads_is_
     # s % 4 == 0 and b * np % 4 == 0. 16 heads on tp8 = 2 per rank: b=1 -> 2 (fallback),
     # b=2 -> 4 (fused).
     from planner.spec import ModelSpec
-    from simulator.compute import layer_forward_ops, megatron_fused_softmax
+    from simulator.step.compute import layer_forward_ops, megatron_fused_softmax
     assert megatron_fused_softmax(2, 2, 1024, "fp16")
     assert not megatron_fused_softmax(1, 2, 1024, "fp16")
     assert not megatron_fused_softmax(4, 4, 8192, "fp16")     # s > 4096
@@ -147,7 +147,7 @@ def test_megatron_softmax_falls_back_to_five_fp32_kernels_when_b_times_heads_is_
 def test_narayanan_table_1_rows_take_the_released_launch_script_settings():
     # Megatron-LM examples/sc21/run_table_1.sh: 18B MBS=8 DDP=torch; 76B MBS=2 with 5 layers
     # per virtual stage (60 layers / pp 4 = 15 -> 3 virtual stages), DDP=local.
-    from simulator.validate import read_runs
+    from simulator.validation.validate import read_runs
     from tests.validation.test_runs_validation import FILES
     if not FILES["published"].is_file():
         pytest.skip("reference data not found")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.nccl_validation import (
+from simulator.validation.nccl import (
     LARGE_BYTES,
     allreduce_validation,
     error_summary,

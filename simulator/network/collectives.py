@@ -26,8 +26,9 @@ from typing import Literal
 
 import numpy as np
 
+from planner.mesh import mesh_strides
 from planner.spec import Plan, PlanError
-from simulator.cluster import Cluster
+from simulator.network.cluster import Cluster
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
                      "send_recv"]
@@ -172,7 +173,7 @@ def concurrent_groups(cluster: Cluster, devices: Sequence[int],
     in shape): with ``concurrent`` every translate of the group that tiles the cluster (the
     other DP / TP groups of a mesh), else the group alone.
 
-    >>> from simulator.cluster import load_cluster
+    >>> from simulator.network.cluster import load_cluster
     >>> concurrent_groups(load_cluster("dgx-h100", nodes=2), range(0, 16, 8)).shape
     (8, 2)
     """
@@ -472,7 +473,7 @@ def p2p_boundary_time_s(cluster: Cluster, plan: Plan, size_bytes: float, src: in
     a DGX node use their own rails, k = 1).
 
     >>> from planner.spec import Plan
-    >>> from simulator.cluster import load_cluster
+    >>> from simulator.network.cluster import load_cluster
     >>> c = load_cluster("dgx-a100", nodes=2)
     >>> p = Plan(tp=8, pp=2, dp=1, micro_batch=1, global_batch=8)
     >>> p2p_boundary_time_s(c, p, 1e6, 0, 8) == p2p_time_on_cluster_s(c, 1e6, 0, 8)
@@ -493,47 +494,3 @@ def p2p_boundary_time_s(cluster: Cluster, plan: Plan, size_bytes: float, src: in
             flows += 1
     link = cluster.link(src, dst)
     return p2p_time_s(max(1, flows) * size_bytes, link.bandwidth_Bps, link.latency_s)
-
-
-def mesh_strides(plan: Plan) -> dict[str, int]:
-    """Device-index stride of each mesh axis; ``plan.placement`` lists axes innermost first.
-
-    The cp ranks of a context-parallel group sit innermost in the ``dp`` axis (Megatron's
-    tp-cp-dp-pp order), so ``cp`` takes the dp axis's stride and ``dp`` that times cp.
-
-    >>> from planner.spec import Plan
-    >>> mesh_strides(Plan(tp=8, pp=4, dp=2, micro_batch=1, global_batch=8))
-    {'tp': 1, 'cp': 8, 'dp': 8, 'pp': 16}
-    >>> mesh_strides(Plan(tp=8, cp=2, pp=4, dp=2, micro_batch=1, global_batch=8))
-    {'tp': 1, 'cp': 8, 'dp': 16, 'pp': 32}
-    """
-    sizes = {"tp": plan.tp, "dp": plan.dp_cp, "pp": plan.pp}
-    strides, stride = {}, 1
-    for axis in plan.placement:
-        if axis == "dp":
-            strides["cp"] = stride
-            strides["dp"] = stride * plan.cp
-        else:
-            strides[axis] = stride
-        stride *= sizes[axis]
-    return {axis: strides[axis] for axis in ("tp", "cp", "dp", "pp")}
-
-
-def group_devices(plan: Plan, axis: str, *, stage: int = 0) -> range:
-    """Device indices of the ``axis`` group ('tp', 'cp', 'dp', 'dp_cp' or 'pp') holding the
-    first rank of pipeline stage ``stage`` (TP, CP and DP rank 0). 'dp_cp' is the dp·cp ranks
-    that reduce gradients together when cp > 1 (the dp group when cp = 1).
-
-    >>> from planner.spec import Plan
-    >>> list(group_devices(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), "dp", stage=1))
-    [4, 6]
-    >>> p = Plan(tp=2, cp=2, pp=1, dp=2, micro_batch=1, global_batch=4)
-    >>> list(group_devices(p, "cp")), list(group_devices(p, "dp_cp"))
-    ([0, 2], [0, 2, 4, 6])
-    """
-    strides = mesh_strides(plan)
-    base = 0 if axis == "pp" else stage * strides["pp"]
-    if axis == "dp_cp":
-        return range(base, base + plan.dp_cp * strides["cp"], strides["cp"])
-    size = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}[axis]
-    return range(base, base + size * strides[axis], strides[axis])

@@ -13,13 +13,13 @@ from collections import Counter
 
 import networkx as nx
 
-from simulator.cluster import Cluster
+from simulator.network.cluster import Cluster
 
 
 def bisection_bandwidth_Bps(cluster: Cluster) -> float:
     """Bytes/s per direction across the worst balanced cut of ``cluster``.
 
-    >>> from simulator.cluster import load_cluster
+    >>> from simulator.network.cluster import load_cluster
     >>> bisection_bandwidth_Bps(load_cluster("dgx-h100", nodes=4)) / 1e9  # 2 nodes x 8 x 50
     800.0
     """

@@ -1,4 +1,4 @@
-"""The microbenchmarks of `meshplan calibrate` (`simulator.calibrate` runs them in worker
+"""The microbenchmarks of `meshplan calibrate` (`runtime.calibrate.calibrate` runs them in worker
 processes): the runtime's model step timed by phase, the embedding, single-op rates, gloo
 collectives, send/recv and one pipeline-schedule action. One torch thread per process.
 """
@@ -114,7 +114,7 @@ def op_rates(spec: ModelSpec, iters: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
-    from simulator.probe import layer_gemm_shapes
+    from runtime.calibrate.probe import layer_gemm_shapes
     rates = []
     for m, k, n in layer_gemm_shapes(spec, micro_batch=4):
         a, b = torch.randn(m, k), torch.randn(k, n)

@@ -8,19 +8,23 @@ import yaml
 
 from planner.presets import load_model
 from planner.spec import Plan
-from simulator.calibrate import (
+from runtime.calibrate.calibrate import (
     _collective_fit,
     _fit_alpha_beta,
     _slowest_rank,
     calibrate,
-    newest_profile,
-    read_profile,
     write_profile,
 )
-from simulator.cluster import load_cluster
-from simulator.costs import stage_costs
-from simulator.cpu_model import at_size, shape_key
-from simulator.simulate import simulate
+from simulator.network.cluster import load_cluster
+from simulator.network.cpu_profile import (
+    at_size,
+    default_profile_dir,
+    newest_profile,
+    read_profile,
+    shape_key,
+)
+from simulator.step.costs import stage_costs
+from simulator.step.simulate import simulate
 
 TINY = load_model("tiny-gpt")
 
@@ -54,7 +58,8 @@ def test_newest_profile_is_the_latest_timestamp(tmp_path):
     write_profile(synthetic_profile("20260101T000000"), tmp_path / "localhost-cpu-20260101T000000.yaml")
     newer = write_profile(synthetic_profile("20260102T000000"))  # $MESHPLAN_PROFILE_DIR
     write_profile(synthetic_profile("20260103T000000"), newer.parent / "localhost-cpu-20260103T000000.yaml")
-    assert newest_profile().name == "localhost-cpu-20260103T000000.yaml"
+    assert newer.parent == default_profile_dir()
+    assert newest_profile(default_profile_dir()).name == "localhost-cpu-20260103T000000.yaml"
     assert newest_profile(tmp_path).name == "localhost-cpu-20260101T000000.yaml"
 
 
@@ -70,11 +75,12 @@ def test_profile_round_trips_with_a_preset_format_device(tmp_path):
     assert profile.collective_s("all_reduce", 1e6, 1, 1) == 0.0
 
 
-def test_localhost_cpu_uses_the_newest_profile_and_names_it():
-    assert load_cluster("localhost-cpu", ranks=2).cpu_costs is None    # fixture: empty dir
+def test_localhost_cpu_uses_the_profile_it_is_given_and_names_it():
     path = write_profile(synthetic_profile())
-    cluster = load_cluster("localhost-cpu", ranks=2)
-    assert cluster.cpu_costs.name == path.stem and path.stem in cluster.source
+    # no hidden input: a profile in the default folder is not picked up unless given
+    assert load_cluster("localhost-cpu", ranks=2).cpu_profile is None
+    cluster = load_cluster("localhost-cpu", ranks=2, cpu_profile=path)
+    assert cluster.cpu_profile.name == path.stem and path.stem in cluster.source
     assert cluster.device.peak("fp32") == 1.0e11
 
 
@@ -82,8 +88,9 @@ def test_calibrated_costs_replace_the_generic_model_only_on_localhost():
     plan = Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, dtype="fp32")
     generic = stage_costs(TINY, plan, load_cluster("localhost-cpu", ranks=1))
     gpu_before = simulate(TINY, plan.replace(dtype="bf16"), load_cluster("dgx-h100")).step_time_s
-    write_profile(synthetic_profile())
-    calibrated = stage_costs(TINY, plan, load_cluster("localhost-cpu", ranks=1))[0]
+    path = write_profile(synthetic_profile())
+    calibrated = stage_costs(TINY, plan, load_cluster("localhost-cpu", ranks=1,
+                                                      cpu_profile=path))[0]
     # 4 layers x 10 ms + embedding + head (edge 10 ms - embedding 0.1 ms)
     assert calibrated.fwd_compute_s == pytest.approx(4 * 0.01 + 1e-4 + (0.01 - 1e-4))
     assert calibrated.fwd_compute_s != generic[0].fwd_compute_s
@@ -91,15 +98,15 @@ def test_calibrated_costs_replace_the_generic_model_only_on_localhost():
                     load_cluster("dgx-h100")).step_time_s == gpu_before
     # an uncalibrated shape falls back to the generic per-op model
     wide = TINY.replace(hidden=512, num_heads=8, num_kv_heads=8)
-    assert stage_costs(wide, plan, load_cluster("localhost-cpu", ranks=1))
+    assert stage_costs(wide, plan, load_cluster("localhost-cpu", ranks=1, cpu_profile=path))
 
 
 def test_oversubscribed_pipeline_runs_at_its_average_busy_rank_count():
-    write_profile(synthetic_profile())
+    cluster = load_cluster("localhost-cpu", ranks=4, cpu_profile=write_profile(synthetic_profile()))
     pp4 = Plan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, dtype="fp32")
     dp4 = Plan(tp=1, pp=1, dp=4, micro_batch=1, global_batch=8, dtype="fp32")
-    layer_pp = stage_costs(TINY, pp4, load_cluster("localhost-cpu", ranks=4))[1].fwd_compute_s
-    layer_dp = stage_costs(TINY, dp4, load_cluster("localhost-cpu", ranks=4))[0]
+    layer_pp = stage_costs(TINY, pp4, cluster)[1].fwd_compute_s
+    layer_dp = stage_costs(TINY, dp4, cluster)[0]
     # pp4 with 8 micro-batches keeps 4·8/11 = 2.9 ranks busy: between the 2- and 4-process
     # speeds; dp4 keeps all 4 busy (2.2x the 1-process time)
     assert 0.011 < layer_pp < 0.022
@@ -168,5 +175,5 @@ def test_tiny_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     assert sorted(points) == [4096, 65536, 2**20, 4 * 2**20, 16 * 2**20]
     assert list(points.values()) == sorted(points.values())
     pred = simulate(micro, Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=2, dtype="fp32"),
-                    load_cluster("localhost-cpu", ranks=2))
+                    load_cluster("localhost-cpu", ranks=2, cpu_profile=path))
     assert pred.step_time_s > 0

@@ -1,7 +1,7 @@
 """Predicted vs measured collective bandwidth: nccl-tests all-reduce files and published
 DGX figures (docs/validation.md, "Collectives").
 
-Run ``python -m simulator.nccl_validation [FOLDER]`` (default ``../shared/data/vtrain/
+Run ``python -m simulator.validation.nccl [FOLDER]`` (default ``../shared/data/vtrain/
 nccl_allreduce_a100`` relative to the repository root) to print the tables.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.cluster import load_cluster
-from simulator.collectives import collective_cost
+from simulator.network.cluster import load_cluster
+from simulator.network.collectives import collective_cost
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 NCCL_DIR = DATA_DIR / "vtrain" / "nccl_allreduce_a100"
 #: Sizes at or above this get the ±10% target, below it ±25%.
 LARGE_BYTES = 16 * 2**20

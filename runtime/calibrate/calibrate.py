@@ -1,7 +1,7 @@
 """`meshplan calibrate`: microbenchmarks of this machine that mirror what training does.
 
 Two kinds of worker groups, each started fresh with one torch thread per process, run the
-microbenchmarks of `simulator.calibrate_bench`:
+microbenchmarks of `runtime.calibrate.bench`:
 
 - compute, k processes computing at once (k = 1, 2, ..., ranks): single-thread fp32 GEMMs at
   the model's layer shapes, SDPA attention, GeLU / LayerNorm / copy throughput, and the
@@ -21,11 +21,12 @@ step is kept (a synchronous step waits for its last rank). Collectives keep thei
 points (non-decreasing in size) and an alpha-beta fit (least squares on relative error).
 The result is one YAML file (`write_profile`): a ``device`` section in the format of
 ``presets/devices.yaml``, ``collective`` / ``p2p`` in the format of ``presets/clusters.yaml``
-(the largest world size's fit), and ``cpu_costs`` for `simulator.cpu_model`.
+(the largest world size's fit), and ``cpu_costs`` for `simulator.step.cpu_model`.
 
-Profiles live in ``$MESHPLAN_PROFILE_DIR``, else ``runs/profiles`` under the working directory,
-as ``localhost-cpu-<UTC timestamp>.yaml``; `newest_profile` picks the latest, which
-``load_cluster("localhost-cpu")`` uses.
+Profiles are written to ``$MESHPLAN_PROFILE_DIR``, else ``runs/profiles`` under the working
+directory, as ``localhost-cpu-<UTC timestamp>.yaml``; the simulator reads one when it is given
+it (`simulator.network.cpu_profile`; the command line's ``--cpu-profile`` defaults to the
+newest).
 """
 
 from __future__ import annotations
@@ -37,21 +38,14 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
 from planner.spec import ModelSpec
-from simulator import calibrate_bench as bench
-from simulator.cpu_model import CpuProfile, shape_key
-from simulator.hardware import DeviceProfile
+from runtime.calibrate import bench
+from simulator.network.cpu_profile import PROFILE_PREFIX, SCHEMA, default_profile_dir, shape_key
 
-#: Environment variable naming the profile folder (else `DEFAULT_PROFILE_DIR`).
-PROFILE_DIR_ENV = "MESHPLAN_PROFILE_DIR"
-DEFAULT_PROFILE_DIR = Path("runs") / "profiles"
-PROFILE_PREFIX = "localhost-cpu-"
-SCHEMA = "meshplan-cpu-profile/1"
 #: Bytes per rank buffer of the timed collectives: up to 16 MiB, beyond the gradient buckets
 #: DDP reduces for the calibrated models (a 13 MB one for tiny-gpt), so none is extrapolated.
 COLLECTIVE_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
@@ -64,33 +58,6 @@ RECOMPUTE_POLICIES = ("full", "selective")
 #: Timed steps (after two warm-up steps) of the TP variants: selective recomputation and
 #: sequence parallelism, with and without it.
 VARIANT_ITERS = 3
-
-
-def profile_dir() -> Path:
-    """Where profiles are written and looked up: $MESHPLAN_PROFILE_DIR or runs/profiles."""
-    return Path(os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR)
-
-
-def newest_profile(directory: Path | None = None) -> Path | None:
-    """The newest ``localhost-cpu-*.yaml`` in ``directory`` (default `profile_dir`), or None."""
-    directory = Path(directory) if directory is not None else profile_dir()
-    if not directory.is_dir():
-        return None
-    files = sorted(directory.glob(f"{PROFILE_PREFIX}*.yaml"))
-    return files[-1] if files else None
-
-
-def read_profile(path: str | os.PathLike) -> CpuProfile:
-    """A `CpuProfile` from a YAML file written by `write_profile`."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    (name, dev), = data["device"].items()
-    dev = dict(dev)
-    dev["peak_flops"] = {k: float(v) for k, v in dev["peak_flops"].items()}
-    costs = data["cpu_costs"]
-    return CpuProfile(name=Path(path).stem, path=str(path), cores=int(data["machine"]["cores"]),
-                      threads_per_rank=int(data["threads_per_rank"]),
-                      device=DeviceProfile(name=name, **dev),
-                      compute=costs["compute"], collectives=costs["collectives"])
 
 
 # --------------------------------------------------------------------------- compute workers
@@ -155,8 +122,8 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> dict[str, float]:
 
 def _collective_fit(points: list[tuple[float, float]]) -> dict:
     """The alpha-beta fit of ``(size, seconds)`` plus the measured ``points`` themselves
-    (``{bytes: seconds}``, made non-decreasing by `_points`), which `simulator.cpu_model`
-    interpolates (`simulator.cpu_model.at_size`).
+    (``{bytes: seconds}``, made non-decreasing by `_points`), which `simulator.step.cpu_model`
+    interpolates (`simulator.step.cpu_model.at_size`).
 
     >>> _collective_fit([(4096, 0.007), (2**20, 0.003), (16 * 2**20, 0.029)])["points"]
     {4096: 0.005, 1048576: 0.005, 16777216: 0.029}
@@ -410,7 +377,7 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
 def _profile_mapping(specs, compute, collectives, ops_by_k, ranks, iters, seconds) -> dict:
     import torch
 
-    from simulator.probe import _total_memory_bytes
+    from runtime.calibrate.probe import _total_memory_bytes
     cores = os.cpu_count() or 1
     one = ops_by_k[1]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -442,8 +409,10 @@ def _profile_mapping(specs, compute, collectives, ops_by_k, ranks, iters, second
 
 
 def write_profile(mapping: dict, path: str | os.PathLike | None = None) -> Path:
-    """Save a calibration; default path ``profile_dir()/localhost-cpu-<created_utc>.yaml``."""
-    path = Path(path) if path else profile_dir() / f"{PROFILE_PREFIX}{mapping['created_utc']}.yaml"
+    """Save a calibration; default path ``default_profile_dir()/localhost-cpu-<created_utc>.yaml``
+    (`simulator.network.cpu_profile`)."""
+    path = Path(path) if path else (default_profile_dir()
+                                    / f"{PROFILE_PREFIX}{mapping['created_utc']}.yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(_plain(mapping), sort_keys=False), encoding="utf-8")
     return path
@@ -463,14 +432,3 @@ def _plain(value):
     if isinstance(value, float):
         return float(value)
     return str(value) if isinstance(value, str) else value
-
-
-def load_newest_profile(directory: Path | None = None) -> CpuProfile | None:
-    """The `CpuProfile` of `newest_profile` (cached per file), or None without one."""
-    path = newest_profile(directory)
-    return None if path is None else _read_cached(str(path.resolve()), path.stat().st_mtime)
-
-
-@lru_cache(maxsize=8)
-def _read_cached(path: str, mtime: float) -> CpuProfile:
-    return read_profile(path)

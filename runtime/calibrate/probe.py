@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from planner.spec import ModelSpec
-from simulator.hardware import DeviceProfile
+from simulator.network.hardware import DeviceProfile
 
 #: Default GEMM shapes (m, k, n): square and tiny-gpt-like (tokens, hidden, 4·hidden).
 DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -97,5 +97,5 @@ def measure_cpu_profile(shapes: Sequence[tuple[int, int, int]] | None = None,
         memory_bytes=_total_memory_bytes() / (os.cpu_count() or 1), memory_bandwidth_Bps=bandwidth,
         matmul_efficiency=min(1.0, statistics.harmonic_mean(rates) / best),
         memory_efficiency=1.0,
-        source=f"measured by simulator.probe on {platform.processor() or platform.machine()}, "
+        source=f"measured by runtime.calibrate.probe on {platform.processor() or platform.machine()}, "
                f"torch {torch.__version__}, 1 thread, shapes {shapes}")

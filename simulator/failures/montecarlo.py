@@ -1,100 +1,27 @@
-"""Failures over a long run: failure rates, checkpoint cost, a SimPy Monte Carlo, stragglers.
+"""Failures over a long run, simulated: a SimPy Monte Carlo of failures and restarts, a run's
+goodput from its failure steps, and stragglers.
 
-The closed forms live in `simulator.goodput` (Young 1974, Daly 2006). This module adds
+The closed forms (failure rates, checkpoint cost, Young's and Daly's intervals, a job's
+goodput) live in `simulator.failures.goodput`. This module adds
 
-- `job_failure_rate_per_s`: failures per second of a job from per-device, per-node and per-link
-  MTBFs (independent exponential failures add their rates);
-- `checkpoint_write_s`: the time to write the training state (bytes over storage bandwidth);
-- `exact_goodput`: the exponential-failure model behind Daly's optimum: a segment of ``tau``
-  work plus a checkpoint ``C`` takes ``M·e^(R/M)·(e^((tau+C)/M) − 1)`` expected wall time when
-  failures (mean interval M) also strike during restarts (R) (Daly 2006, §3, the model whose
-  first-order optimum is eq. (37));
 - `monte_carlo_goodput`: a SimPy simulation of the same process: a trainer works in segments,
   a failure process interrupts it at exponential intervals; the work of an unfinished segment
   is lost and a restart follows; a node failure first waits for a spare node (a configurable
   swap delay) or, with none left, for the repair;
 - `straggler_step_time_s` / `simulate_straggler`: the step time when one device is slow (the
-  step simulation itself takes any set of slow ranks: `simulator.stragglers`).
+  step simulation itself takes any set of slow ranks: `simulator.failures.stragglers`).
 
 Failures are independent and memoryless; a checkpoint is kept only once fully written.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
 import simpy
 
 from planner.spec import PlanError
-from simulator.goodput import daly_interval_s, expected_goodput
-
-
-def job_failure_rate_per_s(*, num_devices: int, device_mtbf_s: float,
-                           num_nodes: int = 0, node_mtbf_s: float | None = None,
-                           num_links: int = 0, link_mtbf_s: float | None = None) -> float:
-    """Failures per second of the whole job: N/M_dev + nodes/M_node + links/M_link.
-
-    >>> job_failure_rate_per_s(num_devices=1000, device_mtbf_s=3.6e6) * 3600
-    1.0
-    >>> round(1 / job_failure_rate_per_s(num_devices=8, device_mtbf_s=8e5, num_nodes=1,
-    ...                                   node_mtbf_s=1e5), 1)
-    50000.0
-    """
-    if num_devices < 1 or not device_mtbf_s > 0:
-        raise PlanError(f"num_devices={num_devices} must be >= 1 and device_mtbf_s="
-                        f"{device_mtbf_s} > 0")
-    rate = num_devices / device_mtbf_s
-    for count, mtbf, name in ((num_nodes, node_mtbf_s, "node"), (num_links, link_mtbf_s, "link")):
-        if count and mtbf is not None:
-            if not mtbf > 0:
-                raise PlanError(f"{name}_mtbf_s={mtbf} must be > 0")
-            rate += count / mtbf
-    return rate
-
-
-def checkpoint_write_s(state_bytes: float, storage_bandwidth_Bps: float, *,
-                       writers: int = 1, writer_bandwidth_Bps: float | None = None) -> float:
-    """Seconds to write ``state_bytes``: over the storage bandwidth, or over ``writers``
-    ranks' own bandwidth when that is the smaller.
-
-    >>> checkpoint_write_s(100e9, 10e9)
-    10.0
-    >>> checkpoint_write_s(100e9, 100e9, writers=4, writer_bandwidth_Bps=5e9)
-    5.0
-    """
-    if not state_bytes >= 0 or not storage_bandwidth_Bps > 0:
-        raise PlanError(f"state_bytes={state_bytes} must be >= 0 and storage_bandwidth_Bps="
-                        f"{storage_bandwidth_Bps} > 0")
-    bandwidth = storage_bandwidth_Bps
-    if writer_bandwidth_Bps is not None:
-        bandwidth = min(bandwidth, writers * writer_bandwidth_Bps)
-    return state_bytes / bandwidth
-
-
-def training_state_bytes(num_params: float, *, bytes_per_param: float = 12.0) -> float:
-    """Checkpointed bytes: fp32 weights plus Adam's two fp32 moments (12 bytes per parameter).
-
-    >>> training_state_bytes(1e9) / 1e9
-    12.0
-    """
-    return num_params * bytes_per_param
-
-
-def exact_goodput(interval_s: float, checkpoint_s: float, restart_s: float,
-                  mtbf_s: float) -> float:
-    """Kept fraction of wall time for exponential failures (module docstring, Daly 2006 §3).
-
-    >>> round(exact_goodput(3600.0, 60.0, 600.0, 36000.0), 4)
-    0.919
-    """
-    if not (interval_s > 0 and checkpoint_s >= 0 and restart_s >= 0 and mtbf_s > 0):
-        raise PlanError(f"need interval_s > 0, checkpoint_s >= 0, restart_s >= 0, mtbf_s > 0; "
-                        f"got {interval_s}, {checkpoint_s}, {restart_s}, {mtbf_s}")
-    segment = mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + checkpoint_s)
-                                                                 / mtbf_s)
-    return interval_s / segment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,56 +110,13 @@ def monte_carlo_goodput(*, interval_s: float, checkpoint_s: float, restart_s: fl
                             wall_s=horizon_s, work_s=state["work"])
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobGoodput:
-    """Goodput of a job from its failure rates and costs (seconds; fractions)."""
-
-    mtbf_s: float
-    checkpoint_s: float
-    restart_s: float
-    interval_s: float
-    goodput: float
-    exact_goodput: float
-    tokens_per_s: float
-    effective_tokens_per_s: float
-
-
-def job_goodput(*, tokens_per_s: float, num_devices: int, device_mtbf_s: float,
-                state_bytes: float, storage_bandwidth_Bps: float, restart_s: float,
-                devices_per_node: int = 8, node_mtbf_s: float | None = None,
-                link_mtbf_s: float | None = None, writers: int = 1,
-                writer_bandwidth_Bps: float | None = None, spare_delay_s: float = 0.0,
-                node_failure_fraction: float | None = None,
-                interval_s: float | None = None) -> JobGoodput:
-    """Expected goodput with the checkpoint time from the state size and Daly's interval.
-
-    Node failures add ``spare_delay_s`` to their restart (spares assumed available); the
-    default node share of failures is the node rate over the total. One link per device.
-    """
-    nodes = max(1, math.ceil(num_devices / devices_per_node))
-    rate = job_failure_rate_per_s(num_devices=num_devices, device_mtbf_s=device_mtbf_s,
-                                  num_nodes=nodes, node_mtbf_s=node_mtbf_s,
-                                  num_links=num_devices, link_mtbf_s=link_mtbf_s)
-    mtbf = 1.0 / rate
-    if node_failure_fraction is None:
-        node_failure_fraction = (nodes / node_mtbf_s) / rate if node_mtbf_s else 0.0
-    restart = restart_s + node_failure_fraction * spare_delay_s
-    write = checkpoint_write_s(state_bytes, storage_bandwidth_Bps, writers=writers,
-                               writer_bandwidth_Bps=writer_bandwidth_Bps)
-    tau = interval_s if interval_s is not None else daly_interval_s(max(write, 1e-9), mtbf)
-    good = expected_goodput(tau, max(write, 1e-9), restart, mtbf)
-    return JobGoodput(mtbf_s=mtbf, checkpoint_s=write, restart_s=restart, interval_s=tau,
-                      goodput=good, exact_goodput=exact_goodput(tau, write, restart, mtbf),
-                      tokens_per_s=tokens_per_s, effective_tokens_per_s=tokens_per_s * good)
-
-
 def straggler_step_time_s(step_time_s: float, compute_s: float, slow_factor: float) -> float:
     """Step time when one device computes ``slow_factor`` times slower.
 
     The slow device's TP peers wait for it at every layer's collective, so its whole TP group
     (one pipeline stage) computes at its pace; the pipeline advances at its slowest stage's
     pace and every DP replica waits for it in the gradient reduction. So the critical stage's
-    compute (``compute_s`` of `simulator.simulate.StepPrediction`) stretches by the factor;
+    compute (``compute_s`` of `simulator.step.simulate.StepPrediction`) stretches by the factor;
     exposed communication and bubble stay.
 
     >>> straggler_step_time_s(1.0, 0.8, 1.5)
@@ -278,17 +162,17 @@ def predicted_run_goodput(*, step_time_s: float, steps: int, checkpoint_every: i
 def simulate_straggler(model, plan, cluster, *, slow_factor: float, stage: int = 0,
                        overlap_dp: bool = False, options=None):
     """SimPy step of ``plan`` when one device of pipeline rank ``stage`` is ``slow_factor``
-    times slower (returns `simulator.simulate.PipelineResult`).
+    times slower (returns `simulator.step.simulate.PipelineResult`).
 
     Its TP peers wait for it at every collective, so the whole stage computes (forward,
     backward, optimizer) at its pace; the simulated pipeline then waits for that stage, and
     the DP reduction for this replica, the slowest, so its step is the job's step. The same as
     ``simulate(..., stragglers={rank: slow_factor})`` for the stage's first rank
-    (`simulator.stragglers.simulate_with_stragglers`), which takes any set of slow ranks.
+    (`simulator.failures.stragglers.simulate_with_stragglers`), which takes any set of slow ranks.
     """
-    from simulator.collectives import mesh_strides
-    from simulator.costs import DEFAULT_OPTIONS, stage_costs
-    from simulator.stragglers import simulate_with_stragglers
+    from planner.mesh import mesh_strides
+    from simulator.failures.stragglers import simulate_with_stragglers
+    from simulator.step.costs import DEFAULT_OPTIONS, stage_costs
     if not slow_factor >= 1.0:
         raise PlanError(f"slow_factor={slow_factor} must be >= 1")
     if not 0 <= stage < plan.pp:

@@ -62,12 +62,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from planner.spec import ModelSpec, Plan, PlanError
-from simulator.cluster import Cluster, load_cluster
-from simulator.compute import load_framework
-from simulator.costs import DP_BUCKET_BYTES, SimOptions
-from simulator.simulate import estimate, simulate
+from simulator import PRESET_DIR
+from simulator.network.cluster import Cluster, load_cluster
+from simulator.step.compute import load_framework
+from simulator.step.simulate import estimate, simulate
+from simulator.step.stagecosts import DDP_BUCKET_BYTES, SimOptions
+from simulator.validation.report import error_summary, rel_error
 
-CLUSTER_DIR = Path(__file__).with_name("presets") / "validation_clusters"
+CLUSTER_DIR = PRESET_DIR / "validation_clusters"
 #: Narayanan et al. 2021 Table 1 as launched by the authors' released script
 #: (Megatron-LM ``examples/sc21/run_table_1.sh``): (hidden, layers) -> (micro-batch,
 #: layers per virtual stage or None, gradient reduction overlapped with the backward: the
@@ -426,7 +428,7 @@ def _published_case(row: dict) -> RunCase:
                          attention="unfused" if old else
                          "flash-triton" if fam == "mpt" else "flash",
                          tp_comm_overlap=fam == "megatron-core",
-                         dp_bucket_bytes=DP_BUCKET_BYTES if overlap and old else
+                         dp_bucket_bytes=DDP_BUCKET_BYTES if overlap and old else
                          None if old else 40e6, blocking_p2p=fam != "mpt",
                          zero3_unaggregated=fam == "megatron" and zero == 3,
                          zero3_prefetch_params=DEEPSPEED_PREFETCH_PARAMS
@@ -529,8 +531,9 @@ def validate_runs(path: str | Path) -> dict:
 
     Returns ``{"rows": [{"id", "model", "num_gpus", "tp", "pp", "dp",
     "predicted_step_time_s", "reference_step_time_s", "rel_error", "flags"}, ...],
-    "mape": float, "max_abs_rel_error": float, "skipped": [{"id", "reason"}, ...]}``;
-    rel_error = predicted / reference − 1. Rows that cannot be simulated are listed in
+    "mape", "mean_error", "max_abs_rel_error", "spearman", "skipped": [{"id", "reason"},
+    ...]}`` (the figures of `simulator.validation.report.error_summary`); rel_error =
+    predicted / reference − 1. Rows that cannot be simulated are listed in
     ``skipped`` with the reason and left out of the MAPE.
 
     Raises:
@@ -548,11 +551,13 @@ def validate_runs(path: str | Path) -> dict:
         p = case.plan
         rows.append({"id": case.id, "model": case.model.name, "num_gpus": p.world_size,
                      "tp": p.tp, "pp": p.pp, "dp": p.dp, "predicted_step_time_s": pred,
-                     "reference_step_time_s": ref, "rel_error": pred / ref - 1,
+                     "reference_step_time_s": ref, "rel_error": rel_error(pred, ref),
                      "flags": list(case.flags)})
-    errors = [abs(r["rel_error"]) for r in rows]
-    return {"rows": rows, "mape": sum(errors) / len(errors) if errors else 0.0,
-            "max_abs_rel_error": max(errors, default=0.0), "skipped": skipped}
+    report = error_summary(rows)
+    return {"rows": rows, "mape": report["mape"] or 0.0,
+            "mean_error": report["mean_error"] or 0.0,
+            "max_abs_rel_error": report["max_abs_rel_error"] or 0.0,
+            "spearman": report["spearman"], "skipped": skipped}
 
 
 #: Fields `error_by` can group rows by: plan fields, model fields, and the GPU count.

@@ -28,7 +28,9 @@ import networkx as nx
 import yaml
 
 from planner.spec import PlanError
-from simulator.fabric import (
+from simulator import PRESET_DIR
+from simulator.network.cpu_profile import CpuProfile, read_profile
+from simulator.network.fabric import (
     INTRA_KINDS,
     build_gpu_graph,
     check_positive,
@@ -37,9 +39,7 @@ from simulator.fabric import (
     mapping_field,
     require_field,
 )
-from simulator.hardware import DeviceProfile, device_names, load_device
-
-PRESET_DIR = Path(__file__).with_name("presets")
+from simulator.network.hardware import DeviceProfile, device_names, load_device
 
 
 class Link(NamedTuple):
@@ -159,8 +159,8 @@ class Cluster:
     spines: int = 0
     comm: CommModel = IDEAL_COMM
     source: str = ""
-    #: localhost-cpu: the calibrated `simulator.cpu_model.CpuProfile` in use (None: defaults).
-    cpu_costs: object = field(default=None, compare=False, repr=False)
+    #: localhost-cpu: the calibrated profile in use (None: the preset's generic costs).
+    cpu_profile: CpuProfile | None = field(default=None, compare=False, repr=False)
     _links: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -318,7 +318,10 @@ def _merged(base: dict, override: dict) -> dict:
 
 
 def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
-                 profile: DeviceProfile | None) -> Cluster:
+                 profile: DeviceProfile | None, cpu_profile: CpuProfile | None) -> Cluster:
+    if cpu_profile is not None:
+        raise PlanError(f"cpu_profile={cpu_profile.path!r} applies only to localhost "
+                        f"clusters; cluster {name!r} is a GPU cluster")
     if ranks is not None:
         raise PlanError(f"ranks={ranks!r} applies only to localhost-cpu; cluster {name!r} "
                         f"takes nodes")
@@ -379,7 +382,7 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
 
 
 def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
-                       profile: DeviceProfile | None) -> Cluster:
+                       profile: DeviceProfile | None, cpu_profile: CpuProfile | None) -> Cluster:
     if nodes not in (None, 1):
         raise PlanError(f"nodes={nodes!r} is not allowed for {name!r} (one machine); "
                         f"use ranks")
@@ -396,10 +399,7 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
         g.add_edge(("cpu", 0, r), ("loopback", 0),
                    bandwidth_Bps=spec["p2p"]["bandwidth_Bps"] / bw_scale,
                    latency_s=spec["p2p"]["latency_s"] * lat_scale / 2)
-    # the newest `meshplan calibrate` profile ($MESHPLAN_PROFILE_DIR or runs/profiles), if any
-    from simulator.calibrate import load_newest_profile
-
-    calibrated = load_newest_profile()
+    calibrated = cpu_profile
     source = f"{spec['source']}; {ranks} ranks on {cores} cores"
     if calibrated is not None:
         source = f"calibrated profile {calibrated.name}; {ranks} ranks on {cores} cores"
@@ -410,11 +410,12 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
                    compute_share=min(1.0, cores / ranks),
                    collective_latency_s=spec["collective"]["latency_s"] * lat_scale,
                    collective_bandwidth_Bps=spec["collective"]["bandwidth_Bps"] / bw_scale,
-                   source=source, cpu_costs=calibrated)
+                   source=source, cpu_profile=calibrated)
 
 
 def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None = None,
-                 profile: DeviceProfile | None = None) -> Cluster:
+                 profile: DeviceProfile | None = None,
+                 cpu_profile: CpuProfile | str | os.PathLike | None = None) -> Cluster:
     """A cluster preset by name (see `cluster_names`) or a cluster YAML file by path.
 
     Args:
@@ -423,11 +424,21 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
         nodes: servers of a GPU cluster (default: the file's ``nodes``, else 1).
         ranks: processes of localhost-cpu (default 4); each gets min(1, cores/ranks) of a core.
         profile: device profile to use instead of the preset's (e.g. a measured CPU profile).
+        cpu_profile: a localhost cluster's calibrated profile (`CpuProfile`, or the path of a
+            file written by `meshplan calibrate`); default: the cluster file's ``cpu_profile``
+            (a path relative to the file), else none (the preset's generic costs).
     Raises:
         PlanError: unknown name or file, bad ``nodes`` / ``ranks``, or an invalid file (the
             message names the field and the allowed values).
+
+    >>> c = load_cluster("dgx-h100", nodes=4)
+    >>> c.num_devices, c.devices_per_node, c.nics_per_node, c.device.name
+    (32, 8, 8, 'h100-sxm-80gb')
+    >>> c.link(0, 8).bandwidth_Bps / 1e9  # GPU 0 to GPU 0 of the next node: one 400 Gb/s NIC
+    50.0
     """
     presets = _cluster_presets()
+    path = None
     if name_or_path in presets:
         name, spec = name_or_path, presets[name_or_path]
     else:
@@ -445,7 +456,11 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
     if kind not in builders:
         raise PlanError(f"cluster {name!r} has kind={kind!r}; use one of {sorted(builders)}")
     try:
-        return builders[kind](name, spec, nodes, ranks, profile)
+        if cpu_profile is None and isinstance(spec.get("cpu_profile"), str) and path is not None:
+            cpu_profile = path.parent / spec["cpu_profile"]
+        if cpu_profile is not None and not isinstance(cpu_profile, CpuProfile):
+            cpu_profile = read_profile(cpu_profile)
+        return builders[kind](name, spec, nodes, ranks, profile, cpu_profile)
     except KeyError as exc:
         raise PlanError(f"cluster {name!r} is missing field {exc}") from None
     except TypeError as exc:

@@ -36,15 +36,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Literal, NamedTuple
 
 import yaml
 
 from planner.spec import DTYPE_BYTES, ModelSpec, PlanError
-from simulator.hardware import DeviceProfile
+from simulator import PRESET_DIR
+from simulator.network.hardware import DeviceProfile
 
-PRESET = Path(__file__).with_name("presets") / "efficiency.yaml"
+PRESET = PRESET_DIR / "efficiency.yaml"
 
 Attention = Literal["flash", "flash-triton", "unfused"]
 #: FlashAttention in Triton (the FlashAttention-1 algorithm, e.g. llm-foundry's

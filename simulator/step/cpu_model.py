@@ -1,4 +1,4 @@
-"""Cost terms of the localhost-cpu path, from a calibrated profile (`simulator.calibrate`).
+"""Cost terms of the localhost-cpu path, from a calibrated profile (`runtime.calibrate.calibrate`).
 
 On a CPU every rank is a Python process with one torch thread, so a step's time is not a sum of
 FLOPs over peak: eager framework overhead per op (module calls, autograd nodes, DTensor
@@ -55,27 +55,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 
 from planner.spec import ModelSpec, Plan
-from simulator.hardware import DeviceProfile
-from simulator.memory import chunk_params
-
-#: PyTorch DDP's first bucket (``first_bucket_bytes``, 1 MiB) and later buckets (25 MiB).
-DDP_FIRST_BUCKET_BYTES = 2**20
-DDP_BUCKET_BYTES = 25 * 2**20
-
-
-def shape_key(model: ModelSpec) -> str:
-    """The calibrated-shape key of a model: every field but the layer count and name.
-
-    >>> from planner.presets import load_model
-    >>> shape_key(load_model("tiny-gpt"))
-    'h256-a4-kv4-f1024-v256-s128-gelu-layernorm-untied'
-    """
-    tied = "tied" if model.tied_embeddings else "untied"
-    return (f"h{model.hidden}-a{model.num_heads}-kv{model.num_kv_heads}-f{model.ffn_hidden}"
-            f"-v{model.vocab_size}-s{model.seq_len}-{model.activation}-{model.norm}-{tied}")
+from simulator.network.cpu_profile import CpuProfile, shape_key
+from simulator.step.memory import chunk_params
+from simulator.step.stagecosts import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, StageCosts
 
 
 def at_tokens(points: dict, tokens: float) -> float:
@@ -113,106 +97,6 @@ def interpolate(levels: dict[float, float], x: float) -> float:
             w = (x - lo) / (hi - lo)
             return (1 - w) * levels[lo] + w * levels[hi]
     return levels[keys[-1]]
-
-
-def alpha_beta_s(fit: dict, size_bytes: float) -> float:
-    """Alpha-beta time of one call: ``latency_s + size_bytes / bandwidth_Bps``."""
-    return fit["latency_s"] + size_bytes / fit["bandwidth_Bps"]
-
-
-def at_size(points: dict, size_bytes: float) -> float:
-    """Seconds of one collective call of ``size_bytes`` from measured ``{bytes: seconds}``
-    (non-decreasing in size, as `simulator.calibrate` stores them): piecewise linear between
-    the points, the smallest point's time below it (latency-bound), linear beyond the largest
-    (through the two largest points).
-
-    Measured points, not an alpha-beta fit, because with more ranks than cores a gloo
-    collective is not ``alpha + s / B``: a 4 KiB all-reduce over 4 ranks on 2 cores takes about
-    7 ms (every ring hop waits for a core), 1 MiB about the same, 16 MiB about 29 ms; a least
-    squares alpha-beta line through 4 KiB - 4 MiB predicted 9 ms for a 13 MB gradient
-    all-reduce measured at 25 ms.
-
-    >>> at_size({4096: 0.007, 2**20: 0.007, 16 * 2**20: 0.029}, 64)
-    0.007
-    >>> round(at_size({4096: 0.007, 2**20: 0.007, 16 * 2**20: 0.029}, 8.5 * 2**20), 6)
-    0.018
-    """
-    pts = sorted((float(s), float(v)) for s, v in points.items())
-    if size_bytes <= pts[0][0] or len(pts) == 1:
-        return pts[0][1] if size_bytes <= pts[0][0] else pts[0][1] * size_bytes / pts[0][0]
-    if size_bytes >= pts[-1][0]:
-        (s0, v0), (s1, v1) = pts[-2], pts[-1]
-    else:
-        (s0, v0), (s1, v1) = next((a, b) for a, b in itertools.pairwise(pts)
-                                  if size_bytes <= b[0])
-    return max(0.0, v0 + (v1 - v0) * (size_bytes - s0) / (s1 - s0))
-
-
-@dataclass(frozen=True, kw_only=True)
-class CpuProfile:
-    """A calibrated localhost-cpu profile (one YAML file written by `simulator.calibrate`).
-
-    Attributes:
-        name: profile name (the file stem, e.g. ``localhost-cpu-20261201T203000``).
-        path: the file it was read from ('' when built in memory).
-        cores: CPU cores of the machine it was measured on.
-        threads_per_rank: torch threads per rank during the measurements.
-        device: the one-core `DeviceProfile` (same format as the GPU presets).
-        compute: per model shape (`shape_key`): ``{"local": {k: terms}, "tp": {"tp{n}":
-            {world: terms}}}``; terms hold ``layer_fwd``, ``layer_bwd``, ``layer_bwd_full``,
-            ``edge_fwd``, ``edge_bwd``, ``emb_fwd``, ``emb_bwd`` as ``{tokens: seconds}`` per
-            micro-batch, and ``opt_layer_s``, ``opt_edge_s`` (seconds per step).
-        collectives: per world size ``{op: {"n{group}": {latency_s, bandwidth_Bps,
-            points}}}`` for all_reduce / reduce_scatter / all_gather (``points``: measured
-            ``{bytes: seconds}``, non-decreasing), and ``p2p`` (one-way send/recv).
-    """
-
-    name: str
-    path: str = ""
-    cores: int
-    threads_per_rank: int = 1
-    device: DeviceProfile
-    compute: dict = field(hash=False)
-    collectives: dict = field(hash=False)
-
-    def covers(self, model: ModelSpec) -> bool:
-        """Whether ``model``'s layer shapes were calibrated."""
-        return shape_key(model) in self.compute
-
-    def collective(self, op: str, world: int, group: int) -> dict:
-        """The alpha-beta fit of ``op`` on ``group`` ranks while ``world`` ranks run: the
-        measured world size nearest above (else the largest), the group size nearest."""
-        worlds = sorted(int(w) for w in self.collectives)
-        w = next((x for x in worlds if x >= world), worlds[-1])
-        fits = self.collectives[w][op]
-        if op == "p2p":
-            return fits
-        groups = sorted(int(k[1:]) for k in fits)
-        g = min(groups, key=lambda n: (abs(n - group), -n))
-        return fits[f"n{g}"]
-
-    def pipeline_action_s(self, world: int, virtual_stages: int = 1) -> float:
-        """Seconds of schedule + send/recv cost of one pipeline action (one forward or
-        backward of one chunk) with ``world`` ranks running: of ``Schedule1F1B``, or with
-        ``virtual_stages`` > 1 of ``ScheduleInterleaved1F1B`` (measured with 2 chunks per
-        rank; the 1F1B figure for profiles that lack it); 0 when the profile has neither."""
-        worlds = sorted(int(w) for w in self.collectives)
-        w = next((x for x in worlds if x >= world), worlds[-1])
-        plain = float(self.collectives[w].get("pipeline_action_s", 0.0))
-        if virtual_stages > 1:
-            return float(self.collectives[w].get("pipeline_action_interleaved_s", plain))
-        return plain
-
-    def collective_s(self, op: str, size_bytes: float, world: int, group: int) -> float:
-        """Seconds of one ``op`` call of ``size_bytes`` (per rank buffer); 0 for one rank.
-
-        From the measured points (`at_size`) when the profile has them, else from the
-        alpha-beta fit (profiles written before the points were kept)."""
-        if group <= 1 or size_bytes <= 0:
-            return 0.0
-        fit = self.collective(op, world, group)
-        return at_size(fit["points"], size_bytes) if fit.get("points") else alpha_beta_s(
-            fit, size_bytes)
 
 
 def active_ranks(plan: Plan) -> float:
@@ -404,7 +288,7 @@ def _rank_tail(profile: CpuProfile, model: ModelSpec, plan: Plan, terms: dict, r
 
 
 def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
-    """`simulator.costs.StageCosts` of every pipeline chunk (pp·v entries, pipeline order;
+    """`simulator.step.costs.StageCosts` of every pipeline chunk (pp·v entries, pipeline order;
     entry g runs on pipeline rank g % pp) from the cluster's calibrated profile; None when the
     profile does not cover the model shape, the TP degree or the plan's features
     (`compute_terms`), so the caller falls back to the generic per-op model.
@@ -420,9 +304,7 @@ def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
     all-reduce of the flattened 13 MB gradient run after it (41-43 ms); DDP's bucketed
     overlap hides nothing when every core is busy computing.
     """
-    from simulator.costs import StageCosts
-
-    profile: CpuProfile | None = getattr(cluster, "cpu_costs", None)
+    profile: CpuProfile | None = cluster.cpu_profile
     if profile is None:
         return None
     terms = compute_terms(profile, model, plan)

@@ -8,7 +8,7 @@ parameters (the closed-form `estimate`, not the SimPy run, for speed). ``--leave
 refits once per table without it and reports that table's error, the hold-out figure.
 Used to produce ``presets/efficiency.yaml``::
 
-    python -m simulator.fit a100-sxm-80gb ../shared/data/published_runs.csv \
+    python -m simulator.validation.fit a100-sxm-80gb ../shared/data/published_runs.csv \
         ../shared/data/vtrain/ground_truth_multi.csv \
         ../shared/data/vtrain/ground_truth_single.csv --leave-one-out
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.compute import Efficiency, load_efficiency, load_framework
-from simulator.validate import RunCase, predict, read_runs, validation_cluster
+from simulator.step.compute import Efficiency, load_efficiency, load_framework
+from simulator.validation.validate import RunCase, predict, read_runs, validation_cluster
 
 #: The parameters fitted for ``efficiency.yaml`` (flash_fraction is a documented value).
 FREE = ("gemm_max_fraction", "gemm_half_flops", "memory_fraction", "kernel_s", "host_op_s",
@@ -138,7 +138,7 @@ def _print_fit(eff: Efficiency, fw: dict[str, float], names: Sequence[str],
 
 
 def main(argv: list[str]) -> int:
-    """``python -m simulator.fit DEVICE RUNS.csv [RUNS.csv ...] [--leave-one-out]``: fit
+    """``python -m simulator.validation.fit DEVICE RUNS.csv [RUNS.csv ...] [--leave-one-out]``: fit
     `FREE` starting from the presets, print the parameters and each table's MAPE; with
     ``--leave-one-out`` also refit without each table in turn and print its hold-out MAPE."""
     loo = "--leave-one-out" in argv

@@ -1,6 +1,6 @@
 """Per-stage costs of one micro-batch: compute, TP collectives, P2P, DP and optimizer times.
 
-Compute comes op by op from `simulator.compute` (GEMMs at a shape-dependent efficiency,
+Compute comes op by op from `simulator.step.compute` (GEMMs at a shape-dependent efficiency,
 memory-bound ops at achievable bandwidth, host launch time). TP: two all-reduces of the T·h
 activation per layer in forward and two in backward (Shoeybi et al. 2019, §3); with sequence
 parallelism each becomes a reduce-scatter + all-gather pair (Korthikanti et al. 2022, §4.2.2).
@@ -17,131 +17,25 @@ attention it feeds (Liu et al. 2023, "Ring Attention", §3); gradients reduce ov
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from planner.mesh import group_ranks, mesh_strides
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
-from simulator.cluster import Cluster
-from simulator.collectives import (
+from simulator.network.cluster import Cluster
+from simulator.network.collectives import (
     collective_time_s,
-    group_devices,
-    mesh_strides,
     p2p_boundary_time_s,
     p2p_time_on_cluster_s,
 )
-from simulator.compute import (
-    Attention,
+from simulator.step.compute import (
     Efficiency,
     LayerCompute,
     edge_compute,
     layer_compute,
     load_efficiency,
 )
-from simulator.memory import optimizer_bytes_per_param, stage_params
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageCosts:
-    """Seconds one rank of a pipeline stage spends per micro-batch (and once per step).
-
-    fwd/bwd_compute_s and fwd/bwd_comm_s are per micro-batch (bwd includes any recomputed
-    forward); p2p_fwd_s sends the activation to the next stage, p2p_bwd_s the gradient to the
-    previous one. Once per step: dp_comm_s reduces the gradients (all-reduce, or
-    reduce-scatter under ZeRO) in ``dp_buckets`` equal buckets, optimizer_s updates the
-    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2).
-    """
-
-    fwd_compute_s: float
-    bwd_compute_s: float
-    fwd_comm_s: float = 0.0
-    bwd_comm_s: float = 0.0
-    p2p_fwd_s: float = 0.0
-    p2p_bwd_s: float = 0.0
-    dp_comm_s: float = 0.0
-    dp_buckets: int = 1
-    dp_gather_s: float = 0.0
-    optimizer_s: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class SimOptions:
-    """Framework behaviour a plan does not name (defaults: Megatron-LM-like).
-
-    Attributes:
-        attention: 'flash' (fused, causal; FlashAttention-2), 'flash-triton' (the same
-            algorithm at `simulator.compute.TRITON_FLASH_RATE` of its rate) or 'unfused' (QKᵀ,
-            softmax, dropout, AV kernels).
-        tp_comm_overlap: TP collectives run beside the GEMMs (Megatron-Core --tp-comm-overlap);
-            only the part longer than the layer's compute is exposed.
-        grad_reduce_bytes: bytes per gradient element in the DP reduction; None: 4 for bf16
-            (Megatron accumulates and reduces bf16 gradients in fp32), else the dtype's.
-        dp_bucket_bytes: gradient bucket size for overlapped reduction; None: one bucket per
-            stage (no bucketing).
-        blocking_p2p: pipeline sends and receives block the compute stream (Megatron-LM's
-            synchronous ``send_forward_recv_backward``), so P2P time adds to the stage.
-        zero3_unaggregated: ZeRO-3 gathers and reduce-scatters push each rank's full
-            (n − 1)/n share through its own NIC, with no node-level aggregation (DeepSpeed
-            ZeRO-3 of 2021, per-parameter collectives over the flat data-parallel group).
-        overlap_param_gather: the all-gather of updated weight shards (ZeRO 1/2) runs under the
-            next step's first forward (Megatron-Core --overlap-param-gather); only the part
-            longer than that forward is exposed.
-        p2p_scatter_gather: each TP rank sends 1/tp of the activation and the next stage
-            all-gathers it over NVLink (Megatron-LM, Narayanan et al. 2021 §4.1); False: every
-            TP rank sends the whole activation (DeepSpeed's pipeline engine).
-        p2p_overhead_s: fixed framework time per pipeline send (schedule bookkeeping and
-            the synchronisation of a blocking send/recv pair), fitted per framework.
-        zero3_prefetch_params: ZeRO-3 parameters gathered ahead of the layer that needs them
-            (DeepSpeed ``stage3_prefetch_bucket_size``, default 5e7); only that fraction of a
-            layer's weight gather can hide behind the previous layer's compute, the rest
-            stalls the compute stream. None: the whole next layer is prefetched (PyTorch FSDP).
-        zero3_overlap_reduce: ZeRO-3 gradient reduce-scatters run beside the backward
-            (FSDP; DeepSpeed ``overlap_comm: true``); False: they block it (DeepSpeed's
-            documented default ``overlap_comm: false``).
-        efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
-    """
-
-    attention: Attention = "flash"
-    tp_comm_overlap: bool = False
-    grad_reduce_bytes: int | None = None
-    dp_bucket_bytes: float | None = 25 * 2**20
-    blocking_p2p: bool = False
-    zero3_unaggregated: bool = False
-    p2p_scatter_gather: bool = True
-    overlap_param_gather: bool = False
-    p2p_overhead_s: float = 0.0
-    zero3_prefetch_params: float | None = None
-    zero3_overlap_reduce: bool = True
-    efficiency: Efficiency | None = None
-
-
-DEFAULT_OPTIONS = SimOptions()
-#: Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25``.
-DP_BUCKET_BYTES = 25 * 2**20
-
-
-def layer_matmul_params(model: ModelSpec) -> int:
-    """Matrix parameters of one block: QKV + output projection + MLP (2 or 3 matrices)."""
-    h = model.hidden
-    mlp = (3 if model.activation == "swiglu" else 2) * h * model.ffn_hidden
-    return h * (h + 2 * model.kv_hidden) + h * h + mlp
-
-
-def layer_forward_flops(model: ModelSpec, plan: Plan) -> float:
-    """Forward GEMM FLOPs of one layer, one micro-batch, one TP rank:
-    ``2·T·P_layer/tp + 4·T·s·h/tp`` with T = micro_batch·seq_len/cp tokens on the rank (full
-    score matrix)."""
-    tokens = plan.micro_batch * model.seq_len // plan.cp
-    return (2 * tokens * layer_matmul_params(model)
-            + 4 * tokens * model.seq_len * model.hidden) / plan.tp
-
-
-def recompute_flops_per_token(model: ModelSpec, plan: Plan) -> float:
-    """Extra FLOPs per token that recomputation adds (for HFU): full = the blocks' forward
-    (2·P_blocks + 4·L·s·h); selective = the attention core (4·L·s·h) (Korthikanti et al. 2022,
-    §5)."""
-    attn_core = 4.0 * model.num_layers * model.seq_len * model.hidden
-    if plan.recompute == "full":
-        return 2.0 * model.num_layers * layer_matmul_params(model) + attn_core
-    return attn_core if plan.recompute == "selective" else 0.0
+from simulator.step.cpu_model import cpu_stage_costs
+from simulator.step.memory import optimizer_bytes_per_param, stage_params
+from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 
 
 def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
@@ -170,7 +64,7 @@ def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) ->
     if plan.tp == 1:
         return 0.0
     act = plan.micro_batch * model.seq_len // plan.cp * model.hidden * DTYPE_BYTES[plan.dtype]
-    group = group_devices(plan, "tp", stage=rank)
+    group = group_ranks(plan, "tp", stage=rank)
     if plan.sequence_parallel:
         one = (collective_time_s(cluster, "reduce_scatter", act, group)
                + collective_time_s(cluster, "all_gather", act, group))
@@ -187,7 +81,7 @@ def cp_ring_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> t
     the slowest hop of the ring (the one that leaves the node, if any).
 
     >>> from planner.spec import ModelSpec
-    >>> from simulator.cluster import load_cluster
+    >>> from simulator.network.cluster import load_cluster
     >>> m = ModelSpec(name="m", num_layers=2, hidden=4096, num_heads=32, num_kv_heads=8,
     ...               ffn_hidden=14336, vocab_size=32000, seq_len=8192, activation="swiglu")
     >>> p = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=1, global_batch=1)
@@ -201,7 +95,7 @@ def cp_ring_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> t
         return 0.0, 0.0
     block = 2 * plan.micro_batch * (model.seq_len // plan.cp) * model.kv_hidden / plan.tp \
         * DTYPE_BYTES[plan.dtype]
-    ring = list(group_devices(plan, "cp", stage=rank))
+    ring = list(group_ranks(plan, "cp", stage=rank))
     hops = list(zip(ring, ring[1:] + ring[:1], strict=True))
 
     def step(nbytes: float) -> float:
@@ -229,7 +123,7 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
     if plan.zero_stage != 3 or shard == 1:
         return 0.0, 0.0
     nbytes = model.layer_params() / plan.tp * DTYPE_BYTES[plan.dtype]
-    group = group_devices(plan, "dp_cp", stage=rank)
+    group = group_ranks(plan, "dp_cp", stage=rank)
     gather = collective_time_s(cluster, "all_gather", nbytes, group)
     scatter = collective_time_s(cluster, "reduce_scatter", nbytes, group)
     if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
@@ -246,7 +140,7 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
     d = DTYPE_BYTES[plan.dtype]
     g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
     grads = params * g
-    group = group_devices(plan, "dp_cp", stage=stage)
+    group = group_ranks(plan, "dp_cp", stage=stage)
     if plan.zero_stage == 0:
         reduce, gather = collective_time_s(cluster, "all_reduce", grads, group), 0.0
     elif plan.zero_stage == 3:
@@ -323,7 +217,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     when virtual_stages = 1) runs on pipeline rank g % pp. Each rank's once-per-step DP and
     optimizer costs sit on its first chunk's entry (g < pp; zero elsewhere): chunk 0 runs the
     rank's last backward, the one DP buckets overlap with. A micro-batch of a chunk takes
-    max(device time, host launch time) (`simulator.compute`).
+    max(device time, host launch time) (`simulator.step.compute`).
 
     Raises:
         PlanError: the plan does not fit the model (`check_plan`) or needs more devices than
@@ -331,8 +225,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if getattr(cluster, "cpu_costs", None) is not None and plan.cp == 1:  # calibrated CPU
-        from simulator.cpu_model import cpu_stage_costs
+    if cluster.cpu_profile is not None and plan.cp == 1:  # calibrated CPU
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
             return calibrated

@@ -3,7 +3,8 @@
 A straggler is a rank whose compute runs ``factor`` times slower (a throttled GPU, a noisy
 neighbour, a bad core). Its groups wait for it:
 
-- TP: its TP peers meet it at every layer's collective, so the whole TP group, that pipeline
+- TP and CP: its TP peers (and, with context parallelism, the ranks of its key/value ring)
+  meet it at every layer's collective, so the whole TP group, that pipeline
   stage of that DP replica, computes (forward, backward, optimizer) ``factor`` times slower
   (the largest factor in the group wins);
 - PP: the other stages of its pipeline wait for that stage's P2P sends, so the steady-state
@@ -14,14 +15,13 @@ neighbour, a bad core). Its groups wait for it:
 
 Communication times are unchanged (a slow device computes slowly; its links are healthy).
 
-Ranks are numbered as `runtime.parallelize.build_mesh` numbers them: a row-major DeviceMesh
-whose dims, outermost first, are ``reversed(plan.placement)`` (the default placement
-``('tp', 'dp', 'pp')`` gives dims ``('pp', 'dp', 'tp')``: tp fastest), so ``rank=R`` here is
-the process ``--inject slow:rank=R,...`` slows in a run.
+Ranks and their coordinates come from the one mesh layout (`planner.mesh`), which the
+runtime's DeviceMesh uses too, so ``rank=R`` here is the process ``--inject slow:rank=R,...``
+slows in a run.
 
 The SimPy version (`simulate_with_stragglers`) runs one pipeline per distinct DP replica and
 synchronises them at each stage's gradient reduction; the closed form
-(`estimate_with_stragglers`) is the slowest replica's `simulator.simulate.estimate_pipeline`
+(`estimate_with_stragglers`) is the slowest replica's `simulator.step.pipeline.estimate_pipeline`
 (exact when every straggler sits in one DP replica).
 """
 
@@ -31,33 +31,10 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from planner.mesh import rank_coords
 from planner.spec import Plan, PlanError
-from simulator.costs import StageCosts
-from simulator.simulate import PipelineResult, estimate_pipeline, simulate_pipeline
-
-
-def rank_coordinates(plan: Plan, rank: int) -> dict[str, int]:
-    """``{"pp": stage, "dp": replica, "tp": tp rank}`` of global ``rank`` (build_mesh order).
-
-    >>> rank_coordinates(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), 5)
-    {'pp': 1, 'dp': 0, 'tp': 1}
-    >>> rank_coordinates(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4,
-    ...                       placement=("dp", "tp", "pp")), 5)
-    {'pp': 1, 'dp': 1, 'tp': 0}
-
-    Raises:
-        PlanError: ``rank`` is not in 0 .. world_size − 1.
-    """
-    world = plan.world_size
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise PlanError(f"straggler rank={rank!r} does not exist: the plan has "
-                        f"{plan.degrees} ranks; use a rank in 0..{world - 1}")
-    coords, rest = {}, rank
-    for axis in plan.placement:                     # innermost (fastest varying) first
-        size = getattr(plan, axis)
-        coords[axis] = rest % size
-        rest //= size
-    return {axis: coords[axis] for axis in ("pp", "dp", "tp")}
+from simulator.step.pipeline import PipelineResult, estimate_pipeline, simulate_pipeline
+from simulator.step.stagecosts import StageCosts
 
 
 def group_slowdowns(plan: Plan, stragglers: Mapping[int, float]) -> dict[tuple[int, int], float]:
@@ -76,7 +53,10 @@ def group_slowdowns(plan: Plan, stragglers: Mapping[int, float]) -> dict[tuple[i
                 not math.isfinite(factor) or factor < 1.0:
             raise PlanError(f"straggler factor={factor!r} on rank {rank} must be a finite "
                             "number >= 1 (1 = full speed, 2 = compute twice as slow)")
-        c = rank_coordinates(plan, rank)
+        try:
+            c = rank_coords(plan, rank)
+        except PlanError as exc:
+            raise PlanError(f"straggler {exc}") from None
         key = (c["dp"], c["pp"])
         slow[key] = max(slow.get(key, 1.0), float(factor))
     return slow
@@ -130,7 +110,7 @@ def _reduce_end(stage_costs: StageCosts, replicas: list[tuple[float, float]],
                 overlap_dp: bool, log: list | None, stage: int) -> float:
     """End of stage's gradient reduction over replicas given as (backward end, last-backward
     duration t_b). Overlapped: bucket i is ready once every replica has done (i + 1)/n of its
-    last backward; buckets reduce in order (as `simulator.simulate.exposed_dp_s`)."""
+    last backward; buckets reduce in order (as `simulator.step.pipeline.exposed_dp_s`)."""
     c = stage_costs
     if not overlap_dp:
         start = max(end for end, _ in replicas)
@@ -150,7 +130,7 @@ def _reduce_end(stage_costs: StageCosts, replicas: list[tuple[float, float]],
 def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
                              stragglers: Mapping[int, float], *, trace: bool = False,
                              overlap_dp: bool = False) -> PipelineResult:
-    """SimPy step of ``plan`` (per-stage ``costs`` of `simulator.costs.stage_costs`) with
+    """SimPy step of ``plan`` (per-stage ``costs`` of `simulator.step.costs.stage_costs`) with
     slow ranks ``stragglers`` (rank -> compute slowdown factor >= 1); see the module docstring.
 
     Every distinct replica runs its pipeline in SimPy up to its last backward; then, per
@@ -165,12 +145,8 @@ def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
     With no straggler in effect (every factor 1) this equals `simulate_pipeline`.
 
     Raises:
-        PlanError: a straggler rank that does not exist or a factor below 1, or a
-            context-parallel plan (its ranks are not numbered by the runtime's mesh).
+        PlanError: a straggler rank that does not exist or a factor below 1.
     """
-    if plan.cp > 1:
-        raise PlanError(f"stragglers on a context-parallel plan (cp={plan.cp}) are not "
-                        f"modelled; simulate it without --straggler")
     profiles = replica_profiles(plan, stragglers)
     pp = plan.pp
     runs = {p: _backward_ends(slowed_costs(costs, p), plan) for p in profiles}
@@ -217,7 +193,7 @@ def estimate_with_stragglers(costs: list[StageCosts], plan: Plan,
                              stragglers: Mapping[int, float], *,
                              overlap_dp: bool = False) -> tuple[float, float, float]:
     """Closed form of `simulate_with_stragglers`: ``(step_s, compute_s, comm_s)`` of the
-    slowest replica's `simulator.simulate.estimate_pipeline` over its slowed costs.
+    slowest replica's `simulator.step.pipeline.estimate_pipeline` over its slowed costs.
 
     Exact (as exact as `estimate_pipeline`) when the stragglers sit in one DP replica; with
     stragglers in several replicas and different stages it leaves out that each stage's

@@ -1,7 +1,7 @@
 """CPU probe: a measured one-core profile plugs into localhost-cpu."""
 
-from simulator.cluster import load_cluster
-from simulator.probe import measure_cpu_profile
+from runtime.calibrate.probe import measure_cpu_profile
+from simulator.network.cluster import load_cluster
 
 
 def test_measured_profile_is_used_by_localhost_cluster():
@@ -16,7 +16,7 @@ def test_measured_profile_is_used_by_localhost_cluster():
 def test_layer_gemm_shapes_of_llama_with_tp():
     # Llama 3 8B (h=4096, kv=1024, f=14336), tp=2, 8192 tokens: QKV 4096 -> (4096+2048)/2.
     from planner.presets import load_model
-    from simulator.probe import layer_gemm_shapes
+    from runtime.calibrate.probe import layer_gemm_shapes
     shapes = layer_gemm_shapes(load_model("llama3-8b"), tp=2)
     assert shapes == [(8192, 4096, 3072), (8192, 2048, 4096), (8192, 4096, 14336),
                       (8192, 7168, 4096)]

@@ -1,7 +1,7 @@
 """Device hardware profiles: peak FLOP/s per dtype, memory and achieved efficiencies.
 
 Profiles for real devices live in ``simulator/presets/devices.yaml``, every number with its
-source; a measured CPU profile comes from `simulator.probe.measure_cpu_profile`.
+source; a measured CPU profile comes from `runtime.calibrate.probe.measure_cpu_profile`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 
 import yaml
 
 from planner.spec import PlanError
-
-PRESET_DIR = Path(__file__).with_name("presets")
+from simulator import PRESET_DIR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +95,10 @@ def load_device(name: str) -> DeviceProfile:
 
     Raises:
         PlanError: ``name`` is not a preset.
+
+    >>> d = load_device("h100-sxm-80gb")
+    >>> d.peak("bf16") / 1e12, d.memory_bytes / 1e9  # the datasheet's dense BF16 and 80 GB
+    (989.0, 80.0)
     """
     presets = _device_presets()
     if name not in presets:

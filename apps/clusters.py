@@ -1,0 +1,94 @@
+"""The cluster a command works on, from its flags or from a plan file's cluster block, and the
+block a plan file records: one place for both directions.
+
+A localhost cluster is predicted with a calibrated profile only when it is given one:
+``--cpu-profile FILE``, by default the newest ``localhost-cpu-*.yaml`` in
+``$MESHPLAN_PROFILE_DIR`` (else ``runs/profiles``), ``--cpu-profile none`` for the generic
+preset. The profile used is printed with the prediction and written into the plan file, so
+``meshplan simulate PLAN`` predicts with the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.planfile import ClusterRef, PlanFile
+from planner.spec import Plan, PlanError
+from simulator.network.cluster import Cluster, cluster_names, load_cluster
+from simulator.network.cpu_profile import default_profile_dir, newest_profile
+
+CPU_PROFILE_HELP = ("calibrated profile of this machine for localhost clusters (default: the "
+                    "newest localhost-cpu-*.yaml in $MESHPLAN_PROFILE_DIR, else runs/profiles; "
+                    "'none': the generic CPU preset)")
+
+
+def add_cpu_profile_option(parser: argparse.ArgumentParser) -> None:
+    """Register ``--cpu-profile FILE|none`` on ``parser``."""
+    parser.add_argument("--cpu-profile", default=None, metavar="FILE|none", help=CPU_PROFILE_HELP)
+
+
+def resolve_cpu_profile(value: str | None) -> Path | None:
+    """The profile file ``--cpu-profile`` names: the file, None for 'none', or (no flag) the
+    newest in the default folder (None when there is none).
+
+    Raises:
+        PlanError: the named file does not exist.
+    """
+    if value is not None and value.lower() == "none":
+        return None
+    if value is None:
+        return newest_profile(default_profile_dir())
+    path = Path(value)
+    if not path.is_file():
+        raise PlanError(f"--cpu-profile {value!r} does not exist; measure this machine with "
+                        f"`meshplan calibrate`, or pass --cpu-profile none")
+    return path
+
+
+def cluster_from_flags(name_or_path: str, nodes: int | None, ranks: int | None,
+                       cpu_profile: str | None = None) -> Cluster:
+    """The cluster of ``--cluster``, ``--nodes`` / ``--ranks`` and ``--cpu-profile``: a
+    localhost cluster takes the flag's profile, else the one its file names, else the newest
+    in the default folder.
+
+    Raises:
+        PlanError: as `simulator.network.cluster.load_cluster`; a missing profile file; a
+            ``--cpu-profile`` for a GPU cluster.
+    """
+    cluster = load_cluster(name_or_path, nodes=nodes, ranks=ranks)
+    if cluster.nics_per_node:
+        if cpu_profile is not None:
+            raise PlanError(f"--cpu-profile applies only to localhost clusters; "
+                            f"{cluster.name!r} is a GPU cluster")
+        return cluster
+    if cpu_profile is None and cluster.cpu_profile is not None:
+        return cluster                          # the cluster file names its own profile
+    profile = resolve_cpu_profile(cpu_profile)
+    if profile is None:
+        return cluster
+    return load_cluster(name_or_path, nodes=nodes, ranks=ranks, cpu_profile=profile)
+
+
+def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> ClusterRef:
+    """The plan file's block for ``plan`` on ``cluster`` (``source``: the --cluster value,
+    recorded as the file's path when it is not a preset)."""
+    localhost = cluster.nics_per_node == 0
+    path = None if source is None or source in cluster_names() else str(Path(source))
+    profile = cluster.cpu_profile
+    return ClusterRef(name=cluster.name, nodes=cluster.num_nodes,
+                      ranks=plan.world_size if localhost else None, path=path,
+                      cpu_profile=profile.path if profile is not None and profile.path else None,
+                      peak_flops_per_device=cluster.device.peak(plan.dtype))
+
+
+def cluster_of_plan_file(pf: PlanFile) -> Cluster:
+    """The cluster a plan file was made for, with the profile it was predicted with.
+
+    Raises:
+        PlanError: the cluster or its profile file cannot be loaded (the message names it).
+    """
+    ref = pf.cluster
+    ranks = (ref.ranks or pf.plan.world_size) if ref.is_localhost else None
+    return load_cluster(ref.path or ref.name, nodes=None if ref.is_localhost else ref.nodes,
+                        ranks=ranks, cpu_profile=ref.cpu_profile)

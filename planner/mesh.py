@@ -1,0 +1,133 @@
+"""The mesh layout of a plan: the one place that maps a rank to its (pp, dp, cp, tp)
+coordinate, to a device, and to the ranks of its parallel groups.
+
+A rank is a device index: torchrun numbers the workers node by node (rank = node ·
+devices_per_node + local rank, local rank = GPU index), and `runtime.parallelize.build_mesh`
+lays a row-major torch ``DeviceMesh`` over the ranks 0 .. world − 1. Its dims, outermost
+first, are ``plan.placement`` reversed (placement lists the axes innermost first), with the
+cp ranks of a context-parallel group innermost inside the ``dp`` axis (Megatron's
+tp-cp-dp-pp order). So the default placement ``('tp', 'dp', 'pp')`` gives dims
+``('pp', 'dp', 'cp', 'tp')``: TP peers are neighbouring ranks, inside one node.
+
+The simulator (placement, collectives, stragglers), the planner and the runtime's DeviceMesh
+all read the layout from here.
+"""
+
+from __future__ import annotations
+
+from planner.spec import Plan, PlanError
+
+#: Every mesh axis, in the order coordinates are reported (outermost of the default first).
+AXES = ("pp", "dp", "cp", "tp")
+
+
+def mesh_dims(plan: Plan, *, keep_unit_cp: bool = False) -> tuple[str, ...]:
+    """The DeviceMesh dim names of ``plan``, outermost (slowest over ranks) first.
+
+    ``cp`` sits innermost inside ``dp``; it is left out when cp = 1 unless ``keep_unit_cp``
+    (a size-1 dim adds process groups and changes nothing).
+
+    >>> mesh_dims(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=2))
+    ('pp', 'dp', 'tp')
+    >>> mesh_dims(Plan(tp=2, cp=2, pp=1, dp=2, micro_batch=1, global_batch=2,
+    ...                placement=("dp", "tp", "pp")))
+    ('pp', 'tp', 'dp', 'cp')
+    """
+    dims: list[str] = []
+    for axis in reversed(plan.placement):
+        dims.append(axis)
+        if axis == "dp" and (plan.cp > 1 or keep_unit_cp):
+            dims.append("cp")
+    return tuple(dims)
+
+
+def mesh_shape(plan: Plan, *, keep_unit_cp: bool = False) -> tuple[int, ...]:
+    """The sizes of `mesh_dims`, in the same order.
+
+    >>> mesh_shape(Plan(tp=4, pp=2, dp=2, micro_batch=1, global_batch=2))
+    (2, 2, 4)
+    """
+    return tuple(getattr(plan, d) for d in mesh_dims(plan, keep_unit_cp=keep_unit_cp))
+
+
+def mesh_strides(plan: Plan) -> dict[str, int]:
+    """Rank (device-index) stride of each axis of ``plan``'s mesh.
+
+    >>> mesh_strides(Plan(tp=8, pp=4, dp=2, micro_batch=1, global_batch=8))
+    {'pp': 16, 'dp': 8, 'cp': 8, 'tp': 1}
+    >>> mesh_strides(Plan(tp=8, cp=2, pp=4, dp=2, micro_batch=1, global_batch=8))
+    {'pp': 32, 'dp': 16, 'cp': 8, 'tp': 1}
+    """
+    dims = mesh_dims(plan, keep_unit_cp=True)
+    strides, stride = {}, 1
+    for axis in reversed(dims):                    # innermost first
+        strides[axis] = stride
+        stride *= getattr(plan, axis)
+    return {axis: strides[axis] for axis in AXES}
+
+
+def _check_rank(plan: Plan, rank: int) -> None:
+    world = plan.world_size
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise PlanError(f"rank={rank!r} does not exist: the plan has {plan.degrees} ranks; "
+                        f"use a rank in 0..{world - 1}")
+
+
+def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
+    """``{"pp": stage, "dp": replica, "cp": context rank, "tp": tensor rank}`` of ``rank``.
+
+    >>> rank_coords(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), 5)
+    {'pp': 1, 'dp': 0, 'cp': 0, 'tp': 1}
+    >>> rank_coords(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4,
+    ...                  placement=("dp", "tp", "pp")), 5)
+    {'pp': 1, 'dp': 1, 'cp': 0, 'tp': 0}
+
+    Raises:
+        PlanError: ``rank`` is not in 0 .. world_size − 1.
+    """
+    _check_rank(plan, rank)
+    strides = mesh_strides(plan)
+    return {axis: rank // strides[axis] % getattr(plan, axis) for axis in AXES}
+
+
+def rank_of(plan: Plan, **coords: int) -> int:
+    """The rank at a coordinate; axes not given are 0.
+
+    >>> rank_of(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), pp=1, tp=1)
+    5
+
+    Raises:
+        PlanError: an unknown axis or a coordinate outside its axis.
+    """
+    strides = mesh_strides(plan)
+    rank = 0
+    for axis, value in coords.items():
+        if axis not in strides:
+            raise PlanError(f"mesh axis {axis!r} is not one of {list(AXES)}")
+        if not 0 <= value < getattr(plan, axis):
+            raise PlanError(f"{axis}={value} is outside 0..{getattr(plan, axis) - 1}")
+        rank += value * strides[axis]
+    return rank
+
+
+def group_ranks(plan: Plan, axis: str, *, stage: int = 0) -> range:
+    """Ranks of the ``axis`` group ('tp', 'cp', 'dp', 'dp_cp' or 'pp') that holds the first
+    rank of pipeline stage ``stage`` (tp, cp and dp coordinate 0). 'dp_cp' is the dp·cp ranks
+    that reduce gradients together (the dp group when cp = 1).
+
+    >>> list(group_ranks(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), "dp", stage=1))
+    [4, 6]
+    >>> p = Plan(tp=2, cp=2, pp=1, dp=2, micro_batch=1, global_batch=4)
+    >>> list(group_ranks(p, "cp")), list(group_ranks(p, "dp_cp"))
+    ([0, 2], [0, 2, 4, 6])
+
+    Raises:
+        PlanError: an unknown axis.
+    """
+    strides = mesh_strides(plan)
+    base = 0 if axis == "pp" else stage * strides["pp"]
+    if axis == "dp_cp":
+        return range(base, base + plan.dp_cp * strides["cp"], strides["cp"])
+    if axis not in strides:
+        raise PlanError(f"mesh axis {axis!r} is not one of {list(AXES) + ['dp_cp']}")
+    return range(base, base + getattr(plan, axis) * strides[axis], strides[axis])

@@ -1,0 +1,92 @@
+"""The records the step model passes around: `StageCosts` (seconds one rank of a pipeline
+stage spends per micro-batch and once per step) and `SimOptions` (framework behaviour a plan
+does not name), and PyTorch DDP's gradient buckets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.step.compute import Attention, Efficiency
+
+#: PyTorch DDP's first gradient bucket (``first_bucket_bytes``, 1 MiB) and the later ones
+#: (``bucket_cap_mb=25``): ``torch/nn/parallel/distributed.py``.
+DDP_FIRST_BUCKET_BYTES = 2**20
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCosts:
+    """Seconds one rank of a pipeline stage spends per micro-batch (and once per step).
+
+    fwd/bwd_compute_s and fwd/bwd_comm_s are per micro-batch (bwd includes any recomputed
+    forward); p2p_fwd_s sends the activation to the next stage, p2p_bwd_s the gradient to the
+    previous one. Once per step: dp_comm_s reduces the gradients (all-reduce, or
+    reduce-scatter under ZeRO) in ``dp_buckets`` equal buckets, optimizer_s updates the
+    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2).
+    """
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    fwd_comm_s: float = 0.0
+    bwd_comm_s: float = 0.0
+    p2p_fwd_s: float = 0.0
+    p2p_bwd_s: float = 0.0
+    dp_comm_s: float = 0.0
+    dp_buckets: int = 1
+    dp_gather_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimOptions:
+    """Framework behaviour a plan does not name (defaults: Megatron-LM-like).
+
+    Attributes:
+        attention: 'flash' (fused, causal; FlashAttention-2), 'flash-triton' (the same
+            algorithm at `simulator.step.compute.TRITON_FLASH_RATE` of its rate) or 'unfused' (QKᵀ,
+            softmax, dropout, AV kernels).
+        tp_comm_overlap: TP collectives run beside the GEMMs (Megatron-Core --tp-comm-overlap);
+            only the part longer than the layer's compute is exposed.
+        grad_reduce_bytes: bytes per gradient element in the DP reduction; None: 4 for bf16
+            (Megatron accumulates and reduces bf16 gradients in fp32), else the dtype's.
+        dp_bucket_bytes: gradient bucket size for overlapped reduction; None: one bucket per
+            stage (no bucketing).
+        blocking_p2p: pipeline sends and receives block the compute stream (Megatron-LM's
+            synchronous ``send_forward_recv_backward``), so P2P time adds to the stage.
+        zero3_unaggregated: ZeRO-3 gathers and reduce-scatters push each rank's full
+            (n − 1)/n share through its own NIC, with no node-level aggregation (DeepSpeed
+            ZeRO-3 of 2021, per-parameter collectives over the flat data-parallel group).
+        overlap_param_gather: the all-gather of updated weight shards (ZeRO 1/2) runs under the
+            next step's first forward (Megatron-Core --overlap-param-gather); only the part
+            longer than that forward is exposed.
+        p2p_scatter_gather: each TP rank sends 1/tp of the activation and the next stage
+            all-gathers it over NVLink (Megatron-LM, Narayanan et al. 2021 §4.1); False: every
+            TP rank sends the whole activation (DeepSpeed's pipeline engine).
+        p2p_overhead_s: fixed framework time per pipeline send (schedule bookkeeping and
+            the synchronisation of a blocking send/recv pair), fitted per framework.
+        zero3_prefetch_params: ZeRO-3 parameters gathered ahead of the layer that needs them
+            (DeepSpeed ``stage3_prefetch_bucket_size``, default 5e7); only that fraction of a
+            layer's weight gather can hide behind the previous layer's compute, the rest
+            stalls the compute stream. None: the whole next layer is prefetched (PyTorch FSDP).
+        zero3_overlap_reduce: ZeRO-3 gradient reduce-scatters run beside the backward
+            (FSDP; DeepSpeed ``overlap_comm: true``); False: they block it (DeepSpeed's
+            documented default ``overlap_comm: false``).
+        efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
+    """
+
+    attention: Attention = "flash"
+    tp_comm_overlap: bool = False
+    grad_reduce_bytes: int | None = None
+    dp_bucket_bytes: float | None = DDP_BUCKET_BYTES
+    blocking_p2p: bool = False
+    zero3_unaggregated: bool = False
+    p2p_scatter_gather: bool = True
+    overlap_param_gather: bool = False
+    p2p_overhead_s: float = 0.0
+    zero3_prefetch_params: float | None = None
+    zero3_overlap_reduce: bool = True
+    efficiency: Efficiency | None = None
+
+
+DEFAULT_OPTIONS = SimOptions()
