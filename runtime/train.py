@@ -49,15 +49,13 @@ from runtime.faults import add_fault_args
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
+from runtime.parallel.dp import gradient_sync
+from runtime.parallel.pp import sum_tied_embedding_grads, tied_embedding_group
 from runtime.parallelize import (
-    apply_dp,
-    apply_pp,
-    apply_recompute,
-    apply_tp,
     build_mesh,
-    gradient_sync,
-    sum_tied_embedding_grads,
-    tied_embedding_group,
+    parallelize,
+    parallelize_pipeline,
+    vocab_parallel_loss,
 )
 from runtime.params import save_full_parameters
 
@@ -169,23 +167,11 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: s
     """
     model = Transformer(pf.model, seed=seed, attention=attention).to(device)
     plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
-    # vocabulary-parallel loss on the DTensor logits; pipeline stages pass plain tensors instead
-    vocab_loss = plan.tp > 1 and plan.pp == 1
-
-    def parallelize(module):
-        if plan.tp > 1:
-            apply_tp(module, mesh["tp"], sequence_parallel=plan.sequence_parallel,
-                     loss_parallel=vocab_loss)
-        apply_recompute(module, plan.recompute)
-        if plan.dp > 1 or plan.zero_stage > 0:
-            module = apply_dp(module, mesh["dp"], zero_stage=plan.zero_stage)
-        return module
-
     if plan.pp == 1:
-        module = parallelize(model)
-        return [module], _accumulation_step(module, plan, amp, vocab_loss)
-    stages, schedule, modules = apply_pp(model, plan, mesh["pp"], cross_entropy_loss,
-                                         device=device, parallelize_fn=parallelize)
+        module = parallelize(model, plan, mesh)
+        return [module], _accumulation_step(module, plan, amp, vocab_parallel_loss(plan))
+    stages, schedule, modules = parallelize_pipeline(model, plan, mesh, cross_entropy_loss,
+                                                     device=device)
     tied = tied_embedding_group(mesh) if pf.model.tied_embeddings else None
     step = _pipeline_step(stages, schedule, plan, amp, device)
 

@@ -30,7 +30,7 @@ def model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int,
     """Median forward, backward and AdamW seconds of the runtime's model with ``layers``
     layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given (with
     sequence parallelism when ``sequence_parallel``), under FSDP2
-    (`runtime.parallelize.apply_dp` at ``zero_stage``) when ``dp_mesh`` is.
+    (`runtime.parallel.dp.apply_dp` at ``zero_stage``) when ``dp_mesh`` is.
     Arguments as `model_step_rows`."""
     rows = model_step_rows(spec, layers, micro_batch, iters, recompute=recompute,
                            tp_mesh=tp_mesh, dp_mesh=dp_mesh, zero_stage=zero_stage,
@@ -45,14 +45,16 @@ def model_step_rows(spec: ModelSpec, layers: int, micro_batch: int, iters: int, 
                     barrier=None) -> list[tuple[float, float, float]]:
     """``(forward, backward, AdamW)`` seconds of each of ``iters`` timed steps (after two
     warm-up steps) of the runtime's model with ``layers`` layers on one (micro_batch,
-    seq_len) batch. ``recompute`` is `runtime.parallelize.apply_recompute`'s policy ("none",
+    seq_len) batch. ``recompute`` is `runtime.parallel.recompute.apply_recompute`'s policy ("none",
     "full", "selective"). ``barrier`` (a callable) runs before every step, so that processes
     timed together start each step together; TP / SP / FSDP2 as in `model_step_times`."""
     import torch
     from torch.distributed.tensor.parallel import loss_parallel
 
     from runtime.model import Transformer, cross_entropy_loss
-    from runtime.parallelize import apply_dp, apply_recompute, apply_tp
+    from runtime.parallel.dp import apply_dp
+    from runtime.parallel.recompute import apply_recompute
+    from runtime.parallel.tp import apply_tp
     from runtime.train import make_optimizer
 
     model = Transformer(spec.replace(num_layers=layers), seed=0)

@@ -12,7 +12,7 @@ microbenchmarks of `runtime.calibrate.bench`:
   4 KiB - 16 MiB on groups of 2 and of all ranks, send/recv ping-pong, the cost of one 1F1B
   action and of one interleaved-1F1B action of ``torch.distributed.pipelining`` on trivial
   stages, and the same 1- and
-  3-layer models under DTensor tensor parallelism (`runtime.parallelize.apply_tp`), with
+  3-layer models under DTensor tensor parallelism (`runtime.parallel.tp.apply_tp`), with
   and without sequence parallelism, each also under selective recomputation.
 
 Layer time = (3-layer − 1-layer time) / 2; edges (embedding + head + loss) = the rest; each as
@@ -52,8 +52,8 @@ COLLECTIVE_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 #: Layer counts of the timed models: layer time = (t(3) − t(1)) / 2, edges = t(1) − layer.
 CALIBRATION_LAYERS = (1, 3)
-#: Recomputation policies of `runtime.parallelize.apply_recompute` timed for the first model
-#: (besides "none"), locally and under TP.
+#: Recomputation policies of `runtime.parallel.recompute.apply_recompute` timed for the first
+#: model (besides "none"), locally and under TP.
 RECOMPUTE_POLICIES = ("full", "selective")
 #: Timed steps (after two warm-up steps) of the TP variants: selective recomputation and
 #: sequence parallelism, with and without it.

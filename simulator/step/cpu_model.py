@@ -18,7 +18,7 @@ layer fwd / bwd, selective  the same under the runtime's selective policy (GEMM 
                             checkpoint's dispatch mode), locally and under TP
 edges (embedding, head)     1-layer model minus one layer; embedding timed alone
 optimizer                   AdamW step on the 1- and 3-layer models' parameters
-TP layer / edges            the same two models under DTensor TP (``runtime.parallelize``) in a
+TP layer / edges            the same two models under DTensor TP (``runtime.parallel.tp``) in a
                             gloo group of tp ranks, all world ranks busy: comm + dispatch
 TP + SP layer / edges       the same with sequence parallelism (reduce-scatter + all-gather),
                             also under selective recomputation

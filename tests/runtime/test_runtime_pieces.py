@@ -12,7 +12,7 @@ from planner.spec import PlanError
 from runtime.data import ByteBatches, default_corpus_bytes, read_corpus
 from runtime.launch import local_torchrun_command
 from runtime.model import Transformer
-from runtime.parallelize import split_for_stage
+from runtime.parallel.pp import split_for_stage
 from runtime.train import _write_summary, format_step, step_record
 
 

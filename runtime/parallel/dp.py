@@ -1,0 +1,54 @@
+"""Data parallelism: DDP for models without DTensor parameters; FSDP2 ``fully_shard`` on the dp
+sub-mesh when the model is tensor parallel (DDP on a TP model fails in torch 2.13:
+"c10d.broadcast_.default does not have a sharding strategy") or when the plan asks for ZeRO
+(zero_stage > 0). `gradient_sync` turns the gradient reduction off for accumulation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int = 0) -> nn.Module:
+    """Data parallelism over ``dp_mesh``: DDP, or FSDP2 for TP models and ZeRO plans.
+
+    FSDP2 shards each block and then the root (torchtitan's recipe); ZeRO-3 reshards the
+    parameters after forward, ZeRO-1/2 and TP x DP keep them gathered until backward.
+
+    Returns:
+        The DDP wrapper, or ``model`` itself turned into an ``FSDPModule``.
+    """
+    has_dtensor = any(isinstance(p, DTensor) for p in model.parameters())
+    if not has_dtensor and zero_stage == 0:
+        return DDP(model, process_group=dp_mesh.get_group())
+    reshard = zero_stage == 3
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Turn the DP gradient reduction of one backward on or off (for gradient accumulation).
+
+    DDP: ``no_sync()``; FSDP2: ``set_requires_gradient_sync``; anything else: no-op.
+    """
+    if isinstance(model, DDP) and not enabled:
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
