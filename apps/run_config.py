@@ -70,7 +70,8 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
 def check_run_args(args) -> None:
     """Check `meshplan run`'s plan and flags before torchrun starts any worker.
 
-    A ``--resume`` run folder becomes its ``checkpoints/`` folder (`runtime.elastic.resume_folder`).
+    A ``--resume`` run folder becomes its ``checkpoints/`` folder
+    (`runtime.resilience.resume_folder`).
 
     Raises:
         PlanError: the plan file is invalid or context-parallel; a flag is out of range (a
@@ -81,7 +82,7 @@ def check_run_args(args) -> None:
     """
     import torch
 
-    from runtime.elastic import fault_args_error, resume_folder
+    from runtime.resilience import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
     check_runnable(pf.plan)
     if args.steps < 1:

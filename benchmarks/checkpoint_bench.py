@@ -24,9 +24,9 @@ from pathlib import Path
 from planner.planfile import PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan
-from runtime.elastic import checkpoint_blocking_times_s, read_events
 from runtime.faults import fault_cli_args
 from runtime.launch import local_torchrun_command
+from runtime.resilience import checkpoint_blocking_times_s, read_events
 
 
 def blocking_times_s(out: Path) -> list[float]:

@@ -10,7 +10,7 @@ Each try makes three torchrun runs of the 2-layer tiny-gpt at dp=2 on this machi
    failed attempt's last step to training again: detection, torchrun's restart, process
    start-up, the checkpoint load), and more step and checkpoint times;
 3. measured: the kills of ``--kills``: the measured goodput (kept steps' time over the job's
-   wall time, `runtime.elastic.job_accounting`).
+   wall time, `runtime.resilience.job_accounting`).
 
 The prediction for run 3 is the simulator's model of a run with failures at known steps
 (`simulator.failures.montecarlo.predicted_run_goodput`) fed only with runs 1 and 2: the mean step time
@@ -41,8 +41,8 @@ from pathlib import Path
 from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan
-from runtime.elastic import checkpoint_blocking_times_s, read_events
 from runtime.launch import run_plan
+from runtime.resilience import checkpoint_blocking_times_s, read_events
 from simulator.failures.montecarlo import predicted_run_goodput
 
 

@@ -14,7 +14,7 @@ crash mid-write never leaves a folder that looks complete. The newest ``keep`` a
 `CheckpointManager.load_latest` verifies the manifest's checksums and falls back to the previous
 checkpoint when the newest one is damaged. DCP reshards model and optimizer state when the
 resuming job has another DP / TP / PP layout; the per-rank ``extra`` files are then replaced by
-job-wide fields (`load_extra`, `runtime.elastic.Resilience.resume`).
+job-wide fields (`load_extra`, `runtime.resilience.Resilience.resume`).
 
 ``dcp.async_save`` returns after planning the save; a background thread copies the state
 (staging, with reused buffers) and another writes the shards while training continues. The copy
@@ -304,7 +304,7 @@ def load_extra(folder: Path, rank: int, world_size: int) -> dict:
     Written by as many ranks: the rank's own ``extra_rank{rank}.pt``. Written by a different
     number (a resume on another layout): rank 0's file, for its job-wide fields (step, global
     samples consumed, global batch), with ``"resharded_from": saved world size`` added; its
-    per-rank fields (RNG, DP rank) describe another process, and `runtime.elastic` re-derives
+    per-rank fields (RNG, DP rank) describe another process, and `runtime.resilience` re-derives
     them.
 
     Raises:

@@ -118,7 +118,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                            + ("last output:\n" + "".join(tail) if quiet else "")
                            + (hint or ""))
     summary = json.loads((Path(out_dir) / "summary.json").read_text())
-    if "error" in summary:                   # stopped on purpose (runtime.elastic.StopTraining)
+    if "error" in summary:                   # stopped on purpose (runtime.resilience.StopTraining)
         raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
     return summary
 

@@ -4,7 +4,7 @@
         --steps N --out DIR [--data FILE] [--seed 0] [--attention sdpa|tiled]
         [--save-params FILE] [--profile]
         [--checkpoint-every K] [--keep N] [--resume DIR] [--inject SPEC ...] [--timeout-s S]
-        [--on-nan stop|skip]       (fault tolerance: `runtime.elastic`, docs/faults.md)
+        [--on-nan stop|skip]       (fault tolerance: `runtime.resilience`, docs/faults.md)
 
 Every rank reads the plan file, builds the full model from the seed (so the start equals the
 single-process model), shards it with the plan's TP / PP / DP (`runtime.parallelize`) and trains
@@ -44,7 +44,6 @@ from torch.distributed.tensor.parallel import loss_parallel
 from planner.planfile import PlanFile, check_runnable, read_plan_file
 from planner.spec import PlanError, check_plan
 from runtime.data import ByteBatches, read_corpus
-from runtime.elastic import Resilience, StopTraining, fault_args_error, resume_folder
 from runtime.faults import add_fault_args
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
@@ -58,6 +57,7 @@ from runtime.parallelize import (
     vocab_parallel_loss,
 )
 from runtime.params import save_full_parameters
+from runtime.resilience import Resilience, StopTraining, fault_args_error, resume_folder
 
 __all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
 

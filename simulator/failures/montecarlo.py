@@ -136,7 +136,7 @@ def predicted_run_goodput(*, step_time_s: float, steps: int, checkpoint_every: i
     (restart time + the steps done since the last checkpoint + ``interrupted_fraction`` of
     step S, the part of it done before the failure: 0 for a rank killed at the start of S).
 
-    Counted as `runtime.elastic.job_accounting` measures a run: the wall time runs from the
+    Counted as `runtime.resilience.job_accounting` measures a run: the wall time runs from the
     first step's start to the last step's end, so the checkpoints counted are those saved
     after steps 1 .. steps − 1 (the save after the last step is outside it);
     ``checkpoint_blocking_s`` is the time a save keeps the loop from the next step, outside

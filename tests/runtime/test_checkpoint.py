@@ -56,7 +56,7 @@ def test_resume_continues_bitwise(tmp_path, asynchronous):
     manager = CheckpointManager(tmp_path, [model], optimizer, asynchronous=asynchronous)
     train_steps(model, optimizer, 3)
     manager.save(3, {"rng": rng_state(), "note": "three"})
-    # Training goes on while the save runs; as in the training loop (runtime/elastic.py), the
+    # Training goes on while the save runs; as in the training loop (runtime/resilience.py), the
     # in-place optimizer step waits for the background copy (wait_staged): no torn checkpoint.
     expected = train_steps(model, optimizer, 2, start=3, before_step=manager.wait_staged)
     manager.wait()
@@ -151,7 +151,7 @@ def _resilience(dp: int, global_batch: int = 8):
 
 
 def test_resume_on_another_mesh_reseeds_and_keeps_the_global_position(capsys):
-    from runtime.elastic import Resilience, resumed_rng_seed
+    from runtime.resilience import Resilience, resumed_rng_seed
     extra = {"step": 6, "dp_rank": 0, "rng": {"torch": torch.zeros(1, dtype=torch.uint8)},
              "samples_consumed": 24, "global_samples_consumed": 48, "global_batch": 8,
              "mesh_shape": {"pp": 1, "dp": 2, "tp": 1}, "resharded_from": 2}
@@ -164,7 +164,7 @@ def test_resume_on_another_mesh_reseeds_and_keeps_the_global_position(capsys):
 
 
 def test_resume_with_another_global_batch_says_what_to_use():
-    from runtime.elastic import Resilience
+    from runtime.resilience import Resilience
     extra = {"step": 6, "dp_rank": 0, "rng": rng_state(), "samples_consumed": 24,
              "global_samples_consumed": 48, "global_batch": 8,
              "mesh_shape": {"pp": 1, "dp": 2, "tp": 1}}
