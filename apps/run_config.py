@@ -27,6 +27,11 @@ from planner.spec import PlanError
 RUN_CONFIG_NAME = "run_config.json"
 
 
+def run_folder(out_dir: str | os.PathLike | None, plan_id: str) -> Path:
+    """The run folder of ``--out out_dir``: ``out_dir``, by default ``runs/<plan id>``."""
+    return Path(out_dir) if out_dir else Path("runs") / plan_id
+
+
 def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
                         out_dir: str | os.PathLike | None, data: str | None,
                         faults: dict | None = None) -> dict:
@@ -44,7 +49,7 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
     from runtime.faults import fault_cli_args
     from runtime.launch import local_torchrun_command
     pf = read_plan_file(plan_path)
-    out = Path(out_dir) if out_dir else Path("runs") / pf.plan.id
+    out = run_folder(out_dir, pf.plan.id)
     plan = pf.to_dict()["plan"]
     options = {"checkpoint_every": 0, "keep": 2, "resume": None, "inject": [],
                "collective_timeout_s": None, "on_nan": "stop", "max_restarts": 0,
@@ -82,16 +87,17 @@ def check_run_args(args) -> None:
     """
     import torch
 
+    from runtime.config import TrainConfig
     from runtime.resilience import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
     check_runnable(pf.plan)
-    if args.steps < 1:
-        raise PlanError(f"--steps={args.steps} must be >= 1")
+    # --steps and the fault flags, checked as runtime.train's workers check them
+    config = TrainConfig.from_args(args, out_dir=str(run_folder(args.out, pf.plan.id)))
     if args.max_restarts < 0:
         raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
     if args.data is not None and not Path(args.data).is_file():
         raise PlanError(f"--data file {args.data!r} does not exist")
-    if (problem := fault_args_error(args, world=pf.plan.world_size)) is not None:
+    if (problem := fault_args_error(config, world=pf.plan.world_size)) is not None:
         raise PlanError(problem)
     if args.resume is not None:
         args.resume = str(resume_folder(args.resume))   # a run folder: its checkpoints/

@@ -228,6 +228,40 @@ def corrupt_file(path: Path, *, offset_fraction: float = 0.5, count: int = 64) -
     path.write_bytes(bytes(data))
 
 
+def faults_error(specs, *, steps: int, world: int | None = None) -> str | None:
+    """The first problem with fault ``specs`` (``--inject`` or a plan file's ``faults:``), or
+    None: a spec does not parse, names a rank the job does not have (when ``world``, its world
+    size, is given), or fires after the last step (``steps``)."""
+    try:
+        faults = parse_faults(specs)
+    except ValueError as exc:
+        return str(exc)
+    for fault in faults:
+        if world is not None and fault.rank is not None and fault.rank >= world:
+            return f"--inject {fault.spec}: rank {fault.rank} does not exist (world size {world})"
+        if fault.step is not None and fault.step > steps:
+            return (f"--inject {fault.spec}: step={fault.step} is beyond --steps {steps}, so "
+                    f"it would never fire; use a step from 1 to {steps}, or --steps "
+                    f"{fault.step} or more")
+    return None
+
+
+def fault_flags_error(config) -> str | None:
+    """The first problem with the fault flags' own values, or None: an ``--inject`` spec
+    (`faults_error` without the world size), ``--checkpoint-every``, ``--keep`` or
+    ``--timeout-s``. It needs no plan file and no world size, so `runtime.config.TrainConfig`
+    checks it on construction; `runtime.resilience.fault_args_error` checks the rest."""
+    if (problem := faults_error(config.inject, steps=config.steps)) is not None:
+        return problem
+    if config.checkpoint_every < 0:
+        return f"--checkpoint-every={config.checkpoint_every} must be >= 0"
+    if config.keep < 1:
+        return f"--keep={config.keep} must be >= 1"
+    if config.timeout_s is not None and not config.timeout_s > 0:
+        return f"--timeout-s={config.timeout_s} must be > 0"
+    return None
+
+
 def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
                    inject=(), timeout_s: float | None = None, on_nan: str = "stop") -> list[str]:
     """``runtime.train`` flags for the fault-tolerance options (defaults give [])."""

@@ -26,7 +26,6 @@ RNG states are then re-seeded from (seed, step, rank) (`Resilience._restore_posi
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -40,38 +39,26 @@ import torch
 import torch.distributed as dist
 
 from runtime.checkpoint import CheckpointManager, list_checkpoints, rng_state, set_rng_state
-from runtime.faults import Injector, parse_faults, plan_file_faults
+from runtime.config import TrainConfig
+from runtime.faults import Injector, faults_error, parse_faults, plan_file_faults
 
 
-def fault_args_error(args: argparse.Namespace, world: int | None = None) -> str | None:
-    """The first problem with the fault flags (checked before any collective), or None.
+def fault_args_error(config: TrainConfig, world: int | None = None) -> str | None:
+    """The first problem with the fault options that needs the launch (checked before any
+    collective), or None: a fault of ``--inject`` or of the plan file's ``faults:`` list that
+    names a rank the job does not have, a plan-file fault that does not parse or fires after
+    the last step, or a ``--resume`` folder without checkpoints. The options' own values are
+    checked when the `TrainConfig` is built (`runtime.faults.fault_flags_error`).
 
     ``world`` is the job's world size (default: this process's ``WORLD_SIZE``)."""
-    try:
-        faults = parse_faults(all_fault_specs(args))
-    except ValueError as exc:
-        return str(exc)
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
-    steps = getattr(args, "steps", None)
-    for fault in faults:
-        if fault.rank is not None and fault.rank >= world:
-            return f"--inject {fault.spec}: rank {fault.rank} does not exist (world size {world})"
-        if steps is not None and fault.step is not None and fault.step > steps:
-            return (f"--inject {fault.spec}: step={fault.step} is beyond --steps {steps}, so "
-                    f"it would never fire; use a step from 1 to {steps}, or --steps "
-                    f"{fault.step} or more")
-    if args.checkpoint_every < 0:
-        return f"--checkpoint-every={args.checkpoint_every} must be >= 0"
-    if args.keep < 1:
-        return f"--keep={args.keep} must be >= 1"
-    if args.timeout_s is not None and not args.timeout_s > 0:
-        return f"--timeout-s={args.timeout_s} must be > 0"
-    if args.resume is not None:
+    problem = faults_error(all_fault_specs(config), steps=config.steps, world=world)
+    if problem is None and config.resume is not None:
         try:
-            resume_folder(args.resume)
+            resume_folder(config.resume)
         except ValueError as exc:
             return str(exc)
-    return None
+    return problem
 
 
 def resume_folder(path: str | os.PathLike) -> Path:
@@ -95,9 +82,9 @@ def resume_folder(path: str | os.PathLike) -> Path:
                      "folder of a run with --checkpoint-every K, or its checkpoints/ folder")
 
 
-def all_fault_specs(args: argparse.Namespace) -> list[str]:
+def all_fault_specs(config: TrainConfig) -> list[str]:
     """``--inject`` specs followed by the plan file's ``faults:`` list."""
-    return list(args.inject) + plan_file_faults(args.plan)
+    return list(config.inject) + plan_file_faults(config.plan_path)
 
 
 class StopTraining(RuntimeError):
@@ -112,25 +99,25 @@ class Resilience:
     """One rank's fault tolerance (see the module docstring).
 
     Args:
-        args: `runtime.train`'s arguments (`add_fault_args`'s flags, ``--out``, ``--steps``).
+        config: the run's `TrainConfig` (the fault-tolerance options, ``out_dir``, ``steps``).
         modules / optimizer: this rank's parallel modules and their optimizer.
         mesh: the run's DeviceMesh (axes "pp", "dp", "tp").
         batches: the run's `runtime.data.ByteBatches`.
         dp: the plan's data-parallel degree.
     """
 
-    def __init__(self, args: argparse.Namespace, *, modules, optimizer, mesh, batches,
+    def __init__(self, config: TrainConfig, *, modules, optimizer, mesh, batches,
                  dp: int) -> None:
-        self.args, self.modules, self.batches, self.dp = args, modules, batches, dp
+        self.config, self.modules, self.batches, self.dp = config, modules, batches, dp
         self.rank = dist.get_rank()
-        self.out = Path(args.out)
+        self.out = Path(config.out_dir)
         self.attempt = attempt_number()
         self.dp_rank = mesh["dp"].get_local_rank()
         self.mesh_shape = {axis: mesh[axis].size() for axis in ("pp", "dp", "tp")}
         # one writer per DP rank: its first TP peer of the first pipeline stage
         self.writes_consumed = mesh["tp"].get_local_rank() == 0 and \
             mesh["pp"].get_local_rank() == 0
-        self.ckpt_dir = Path(args.checkpoint_dir or self.out / "checkpoints")
+        self.ckpt_dir = Path(config.checkpoint_dir or self.out / "checkpoints")
         self.events = self.out / "faults" / "events.jsonl"
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -138,20 +125,20 @@ class Resilience:
                 shutil.rmtree(self.out / "faults", ignore_errors=True)
                 shutil.rmtree(self.out / "consumed", ignore_errors=True)
                 # a new job starts a clean OUT/checkpoints (never a --checkpoint-dir's content)
-                default_dir = args.checkpoint_dir is None
-                resumes_here = args.resume is not None and \
-                    Path(args.resume).resolve() == self.ckpt_dir.resolve()
+                default_dir = config.checkpoint_dir is None
+                resumes_here = config.resume is not None and \
+                    Path(config.resume).resolve() == self.ckpt_dir.resolve()
                 if default_dir and not resumes_here:
                     shutil.rmtree(self.ckpt_dir, ignore_errors=True)
             self._event("attempt_start")
         dist.barrier()
-        self.injector = Injector(parse_faults(all_fault_specs(args)), self.rank, self.out)
+        self.injector = Injector(parse_faults(all_fault_specs(config)), self.rank, self.out)
         self.checkpoints = None
-        if args.checkpoint_every or args.resume:
+        if config.checkpoint_every or config.resume:
             self.checkpoints = CheckpointManager(
-                self.ckpt_dir, modules, optimizer, keep=args.keep,
-                asynchronous=not args.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
-                timeout_s=args.timeout_s or 120.0)
+                self.ckpt_dir, modules, optimizer, keep=config.keep,
+                asynchronous=not config.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
+                timeout_s=config.timeout_s or 120.0)
         self.done = 0                  # steps done (the next step is done + 1)
         self.records: list[dict] = []
         self.skipped_steps: list[int] = []
@@ -188,7 +175,7 @@ class Resilience:
                 for p in self._params():
                     if p.grad is not None:
                         p.grad.fill_(float("nan"))
-            if self.args.on_nan == "skip" and self._any_rank_nonfinite(share):
+            if self.config.on_nan == "skip" and self._any_rank_nonfinite(share):
                 for p in self._params():
                     p.grad = None                    # AdamW skips parameters without grads
                 self.skipped_steps.append(k)
@@ -218,8 +205,8 @@ class Resilience:
         source = None
         if self.attempt > 0 and list_checkpoints(self.ckpt_dir):
             source = self.ckpt_dir
-        elif self.args.resume is not None:
-            source = Path(self.args.resume)
+        elif self.config.resume is not None:
+            source = Path(self.config.resume)
         step, extra = 0, None
         if source is not None and self.checkpoints is not None:
             step, extra, self.fallbacks = self.checkpoints.load_latest(source)
@@ -275,7 +262,7 @@ class Resilience:
                                    f"{self.dp_rank}")
             set_rng_state(extra["rng"])
             return
-        seed = resumed_rng_seed(getattr(self.args, "seed", 0), step, self.rank)
+        seed = resumed_rng_seed(self.config.seed, step, self.rank)
         torch.manual_seed(seed)
         if self.rank == 0:
             saved = extra.get("mesh_shape") or {"ranks": extra.get("resharded_from")}
@@ -309,7 +296,7 @@ class Resilience:
                 f.write(json.dumps({"step": step, "dp_rank": self.dp_rank, "samples": ids}) + "\n")
         if self.rank == 0:
             self._event("step", step=step)
-        if not math.isfinite(loss) and self.args.on_nan == "stop":
+        if not math.isfinite(loss) and self.config.on_nan == "stop":
             message = (f"loss is {loss} at step {step}; stopping (--on-nan stop; use --on-nan "
                        "skip to skip such steps)")
             if self.rank == 0:
@@ -318,9 +305,9 @@ class Resilience:
                            "losses": [r["loss"] for r in self.records]}
                 (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             raise StopTraining(message)
-        every = self.args.checkpoint_every
+        every = self.config.checkpoint_every
         if self.checkpoints is not None and every and (step % every == 0
-                                                       or step == self.args.steps):
+                                                       or step == self.config.steps):
             batch = self.batches.global_batch
             extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
                      "samples_consumed": step * (batch // self.dp),
@@ -350,7 +337,7 @@ class Resilience:
         """The job-level keys of ``summary.json`` (rank 0; see the module docstring)."""
         return job_accounting(self._read_events(), self.records) | {
             "skipped_steps": self.skipped_steps, "checkpoint_fallbacks": self.fallbacks,
-            "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.args))]}
+            "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.config))]}
 
 
 def resumed_rng_seed(seed: int, step: int, rank: int) -> int:

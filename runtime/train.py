@@ -6,6 +6,8 @@
         [--checkpoint-every K] [--keep N] [--resume DIR] [--inject SPEC ...] [--timeout-s S]
         [--on-nan stop|skip]       (fault tolerance: `runtime.resilience`, docs/faults.md)
 
+The flags become a `runtime.config.TrainConfig` (`parse_args`), which the runtime takes.
+
 Every rank reads the plan file, builds the full model from the seed (so the start equals the
 single-process model), shards it with the plan's TP / PP / DP (`runtime.parallelize`) and trains
 with AdamW on byte-level text (`runtime.data`). Rank 0 appends one JSON record per step to
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -43,6 +46,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.planfile import PlanFile, check_runnable, read_plan_file
 from planner.spec import PlanError, check_plan
+from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
 from runtime.launch import ERROR_PREFIX
@@ -86,7 +90,12 @@ def autocast_context(plan_dtype: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """The command line as a `TrainConfig` (argparse parses the flags, the config checks them).
+
+    Raises:
+        PlanError: a flag is out of range (`TrainConfig`).
+    """
     parser = argparse.ArgumentParser(prog="runtime.train", description=__doc__.splitlines()[0])
     parser.add_argument("plan", help="plan file (YAML) written by `meshplan plan`")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps to run")
@@ -102,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="write a torch profiler Chrome trace per rank into --out")
     add_fault_args(parser)      # --checkpoint-every, --resume, --inject, ... (runtime.faults)
-    return parser.parse_args(argv)
+    return TrainConfig.from_args(parser.parse_args(argv))
 
 
 def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
@@ -130,8 +139,9 @@ def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int,
     return rank, world
 
 
-def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
-    """Read the plan and the data and check the launch, before any collective.
+def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
+    """Read the plan and the data and check the launch, before any collective (``config``
+    has checked its own fields on construction).
 
     Raises:
         PlanError: invalid plan, context parallelism (not executed), vocabulary too small for
@@ -139,7 +149,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
             tp·pp·dp.
         FileNotFoundError / ValueError: missing or too short ``--data``.
     """
-    pf = read_plan_file(args.plan)
+    pf = read_plan_file(config.plan_path)
     model, plan = pf.model, pf.plan
     check_runnable(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -153,9 +163,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[PlanFile, torch.Tensor]:
                         f"which does not divide it; use seq_len a multiple of {plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
-    if args.steps < 1:
-        raise PlanError(f"--steps={args.steps} must be >= 1")
-    return pf, read_corpus(args.data, model.seq_len)
+    return pf, read_corpus(config.data, model.seq_len)
 
 
 def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str = "sdpa"
@@ -268,18 +276,18 @@ def select_device(plan_dtype: str) -> tuple[str, torch.device]:
     return "nccl", torch.device("cuda", torch.cuda.current_device())
 
 
-def train(args: argparse.Namespace, pf: PlanFile, tokens: torch.Tensor) -> None:
-    """Run ``args.steps`` steps of the plan; rank 0 writes the run folder."""
+def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
+    """Run ``config.steps`` steps of the plan; rank 0 writes the run folder."""
     backend, device = select_device(pf.plan.dtype)
-    rank, _ = init_distributed(backend, args.timeout_s)
+    rank, _ = init_distributed(backend, config.timeout_s)
     try:
         mesh = build_mesh(pf.plan, device.type)
-        modules, step_fn = build_step(pf, mesh, device, args.seed, args.attention)
+        modules, step_fn = build_step(pf, mesh, device, config.seed, config.attention)
         optimizer = make_optimizer([p for m in modules for p in m.parameters()])
         batches = ByteBatches(tokens, seq_len=pf.model.seq_len,
-                              global_batch=pf.plan.global_batch, seed=args.seed)
-        out, dp_rank = Path(args.out), mesh["dp"].get_local_rank()
-        resilience = Resilience(args, modules=modules, optimizer=optimizer, mesh=mesh,
+                              global_batch=pf.plan.global_batch, seed=config.seed)
+        out, dp_rank = Path(config.out_dir), mesh["dp"].get_local_rank()
+        resilience = Resilience(config, modules=modules, optimizer=optimizer, mesh=mesh,
                                 batches=batches, dp=pf.plan.dp)
         step_fn = resilience.wrap(step_fn)
         first_step, records = resilience.resume()    # a restart continues from its checkpoint
@@ -287,9 +295,9 @@ def train(args: argparse.Namespace, pf: PlanFile, tokens: torch.Tensor) -> None:
         if rank == 0:
             for note in notes:
                 print(f"note: {note}", flush=True)
-        prof = _profiler(device) if args.profile else contextlib.nullcontext()
+        prof = _profiler(device) if config.profile else contextlib.nullcontext()
         with prof:
-            for k in range(first_step, args.steps):
+            for k in range(first_step, config.steps):
                 start = time.perf_counter()
                 with torch.profiler.record_function(f"meshplan_step_{k + 1}"):
                     inputs, targets = batches.local_batch_at(k, dp_rank, pf.plan.dp)  # (B/dp, T)
@@ -301,27 +309,27 @@ def train(args: argparse.Namespace, pf: PlanFile, tokens: torch.Tensor) -> None:
                                      peak_memory_bytes=memory)
                 if rank == 0:
                     records.append(record)
-                    if not args.profile:
+                    if not config.profile:
                         _log_step(out, record)
                 resilience.after_step(k + 1, loss)    # NaN policy, consumed samples, checkpoint
         resilience.close()
-        if args.profile:
+        if config.profile:
             out.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(out / f"trace_rank{rank}.json"))
             if rank == 0:
                 events = prof.events()
                 windows = _step_windows(events)
-                for record in records[len(records) - (args.steps - first_step):]:
+                for record in records[len(records) - (config.steps - first_step):]:
                     lo, hi = windows[record["step"]]
                     record["comm_time_s"] = comm_time_s(events, lo, hi)
                     _log_step(out, record)
-        if args.save_params:
+        if config.save_params:
             # tied: the last stage's out.weight is the same matrix as tok.weight
             skip = {"out.weight"} if pf.model.tied_embeddings else set()
-            save_full_parameters(modules, args.save_params, skip=skip)
+            save_full_parameters(modules, config.save_params, skip=skip)
         if rank == 0:
             _write_summary(out, summarize(records, pf, backend, notes, _run_dtype(pf, backend))
-                           | resilience.summary_fields(), args.plan)
+                           | resilience.summary_fields(), config.plan_path)
         # leave together: a gloo process group torn down while a peer still receives (rank 0's
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()
@@ -365,13 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message=r".*(all_gather_into_tensor|reduce_scatter_tensor)`? is "
                                     r"deprecated")
-    args = parse_args(argv)
     try:
-        pf, tokens = check_inputs(args)
-        if (problem := fault_args_error(args)) is not None:
+        config = parse_args(argv)
+        pf, tokens = check_inputs(config)
+        if (problem := fault_args_error(config)) is not None:
             raise ValueError(problem)
-        if args.resume is not None:
-            args.resume = str(resume_folder(args.resume))    # a run folder: its checkpoints/
+        if config.resume is not None:              # a run folder: its checkpoints/
+            config = dataclasses.replace(config, resume=str(resume_folder(config.resume)))
     except (PlanError, FileNotFoundError, ValueError) as exc:
         rank = os.environ.get("RANK", "0")
         print(f"{ERROR_PREFIX} (rank {rank}): {exc}", file=sys.stderr, flush=True)
@@ -381,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(INPUT_ERROR_GRACE_S)
         return 2
     try:
-        train(args, pf, tokens)
+        train(config, pf, tokens)
     except StopTraining as exc:
         # exit 0 so that torchrun does not restart a run that stopped on purpose; the error
         # is in summary.json and `runtime.launch.run_plan` raises it

@@ -60,7 +60,7 @@ def test_saved_command_reproduces_every_fault_flag(plan_path, tmp_path, run_plan
     assert cmd[cmd.index("--max-restarts") + 1] == "1"
     args = parse_args(cmd[cmd.index("runtime.train") + 1:])     # what the workers will read
     assert (args.steps, args.checkpoint_every, args.inject, args.timeout_s) == \
-        (10, 2, ["kill:rank=1,step=7"], 9.0)
+        (10, 2, ("kill:rank=1,step=7",), 9.0)
     assert args.resume == str(previous / "checkpoints")         # the run folder's checkpoints
     assert config["faults"]["max_restarts"] == 1
     (call,) = run_plan_calls

@@ -147,7 +147,7 @@ def _resilience(dp: int, global_batch: int = 8):
     from types import SimpleNamespace
     return SimpleNamespace(batches=SimpleNamespace(global_batch=global_batch), dp=dp, rank=0,
                            dp_rank=0, mesh_shape={"pp": 1, "dp": dp, "tp": 1},
-                           args=SimpleNamespace(seed=0))
+                           config=SimpleNamespace(seed=0))
 
 
 def test_resume_on_another_mesh_reseeds_and_keeps_the_global_position(capsys):
