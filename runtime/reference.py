@@ -1,8 +1,9 @@
 """Single-process reference training: the same model, data and optimizer with no distribution.
 
 Tests compare every distributed run against it, and ``meshplan compare`` uses it to check that a
-plan trains the same model. It is independent of `runtime.parallelize`: one process, the whole
-global batch in one forward and backward, no micro-batches, no DTensor, no process group.
+plan trains the same model. It is independent of `runtime.parallelize` and `runtime.parallel`:
+one process, the whole global batch in one forward and backward, no micro-batches, no DTensor,
+no process group.
 """
 
 from __future__ import annotations
