@@ -70,6 +70,14 @@ def cluster_from_flags(name_or_path: str, nodes: int | None, ranks: int | None,
     return load_cluster(name_or_path, nodes=nodes, ranks=ranks, cpu_profile=profile)
 
 
+def profile_line(cluster: Cluster) -> str:
+    """What a localhost prediction assumes about this machine (the profile it was given)."""
+    if cluster.cpu_profile is None:
+        return ("assumes the generic CPU preset (no profile of this machine: `meshplan "
+                "calibrate` measures it in 3-4 minutes on an idle machine)")
+    return f"assumes cpu profile {cluster.cpu_profile.path}"
+
+
 def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> ClusterRef:
     """The plan file's block for ``plan`` on ``cluster`` (``source``: the --cluster value,
     recorded as the file's path when it is not a preset)."""

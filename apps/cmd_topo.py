@@ -166,8 +166,13 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_topo_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `meshplan topo`."""
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``topo`` and ``collective`` on the subcommand parser ``sub``."""
+    _add_topo_parser(sub)
+    _add_collective_parser(sub)
+
+
+def _add_topo_parser(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("topo", help="summarise and draw a cluster (devices, links, bisection)")
     st.add_argument("cluster", help="preset (dgx-a100, dgx-h100, dgx-h200, dgx-b200, pcie-a100,"
                     " ...) or a cluster YAML file (docs/clusters.md)")
@@ -180,8 +185,7 @@ def add_topo_parser(sub: argparse._SubParsersAction) -> None:
     st.set_defaults(func=cmd_topo)
 
 
-def add_collective_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `meshplan collective`."""
+def _add_collective_parser(sub: argparse._SubParsersAction) -> None:
     sc = sub.add_parser("collective", help="simulated nccl-tests: time, algbw, busbw per size")
     sc.add_argument("op", help="all_reduce, reduce_scatter, all_gather, all_to_all, broadcast "
                     "or send_recv (nccl-tests spellings such as allreduce work too)")

@@ -63,6 +63,21 @@ def fmt_rate(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def fmt_params(n: int) -> str:
+    """A parameter count as ``'70.55B'`` or ``'3.3M'``.
+
+    >>> fmt_params(70_553_706_496), fmt_params(3_300_000)
+    ('70.55B', '3.3M')
+    """
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def command_console(args) -> Console:
+    """The console a command prints its human output on: stderr under ``--json``, so stdout
+    holds one JSON object."""
+    return Console(stderr=bool(getattr(args, "json", False)))
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Write table rows as CSV in SI units (nested values as JSON); parent folders created."""
     path = Path(path)
