@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner.planfile import ClusterRef, PlanFile
 from planner.spec import Plan, PlanError
-from simulator.network.cluster import Cluster, cluster_names, load_cluster
-from simulator.network.cpu_profile import default_profile_dir, newest_profile
+
+if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
+    from simulator.network.cluster import Cluster
 
 CPU_PROFILE_HELP = ("calibrated profile of this machine for localhost clusters (default: the "
                     "newest localhost-cpu-*.yaml in $MESHPLAN_PROFILE_DIR, else runs/profiles; "
@@ -35,6 +37,7 @@ def resolve_cpu_profile(value: str | None) -> Path | None:
     Raises:
         PlanError: the named file does not exist.
     """
+    from simulator.network.cpu_profile import default_profile_dir, newest_profile
     if value is not None and value.lower() == "none":
         return None
     if value is None:
@@ -56,6 +59,7 @@ def cluster_from_flags(name_or_path: str, nodes: int | None, ranks: int | None,
         PlanError: as `simulator.network.cluster.load_cluster`; a missing profile file; a
             ``--cpu-profile`` for a GPU cluster.
     """
+    from simulator.network.cluster import load_cluster
     cluster = load_cluster(name_or_path, nodes=nodes, ranks=ranks)
     if cluster.nics_per_node:
         if cpu_profile is not None:
@@ -81,6 +85,7 @@ def profile_line(cluster: Cluster) -> str:
 def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> ClusterRef:
     """The plan file's block for ``plan`` on ``cluster`` (``source``: the --cluster value,
     recorded as the file's path when it is not a preset)."""
+    from simulator.network.cluster import cluster_names
     localhost = cluster.nics_per_node == 0
     path = None if source is None or source in cluster_names() else str(Path(source))
     profile = cluster.cpu_profile
@@ -96,6 +101,7 @@ def cluster_of_plan_file(pf: PlanFile) -> Cluster:
     Raises:
         PlanError: the cluster or its profile file cannot be loaded (the message names it).
     """
+    from simulator.network.cluster import load_cluster
     ref = pf.cluster
     ranks = (ref.ranks or pf.plan.world_size) if ref.is_localhost else None
     return load_cluster(ref.path or ref.name, nodes=None if ref.is_localhost else ref.nodes,

@@ -6,8 +6,6 @@ import argparse
 import json
 import os
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 from apps.format import command_console, fmt_time_s
 from planner.spec import PlanError
 
@@ -38,6 +36,8 @@ def load_warning(load: float | None = None, cores: int | None = None) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from apps.compare import sweep_models
     from runtime.calibrate.calibrate import calibrate, write_profile
     from simulator.network.cpu_profile import default_profile_dir

@@ -7,7 +7,6 @@ import argparse
 import json
 import re
 
-import pandas as pd
 from rich.console import Console
 
 from apps.format import print_table, write_csv
@@ -100,6 +99,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"op": op, "cluster": cluster.name, "rows": rows}))
         return 0
+    import pandas as pd
     n = 2 if op == "send_recv" else (args.ranks or cluster.num_devices)
     Console().print(f"[bold]{op}[/] on {n} ranks of [bold]{cluster.name}[/] "
                     f"({cluster.num_devices} x {cluster.device.name}); busbw as nccl-tests "
@@ -155,6 +155,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         place = out["placement"]
         console.print(f"placement of {place['plan']} (innermost first: "
                       f"{', '.join(place['order'])})")
+        import pandas as pd
         df = pd.DataFrame(place["groups"])
         print_table(console, df, "groups per mesh axis",
                     {"axis": ("axis", None), "size": ("size", None),
