@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from apps.clusters import add_cpu_profile_option
 from apps.format import command_console
 
 
@@ -20,7 +21,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     plans = None if getattr(args, "sweep", False) else DEFAULT_PLANS
     if getattr(args, "plans", None):
         plans = plan_indices(args.plans)
-    result = compare(steps=args.steps, out_dir=Path(args.out), console=console, plans=plans)
+    result = compare(steps=args.steps, out_dir=Path(args.out), console=console, plans=plans,
+                     cpu_profile=getattr(args, "cpu_profile", None))
     if getattr(args, "csv", None):
         from apps.format import write_csv
         write_csv(result["rows"], args.csv)
@@ -40,4 +42,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--out", default="runs/compare")
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
+    add_cpu_profile_option(sc)
     sc.set_defaults(func=cmd_compare)

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from apps.clusters import add_cpu_profile_option
 from apps.format import command_console, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s
 
 
@@ -21,7 +22,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.step.simulate import simulate
     console = command_console(args)
     pf = read_plan_file(args.plan)
-    cluster = cluster_of_plan_file(pf)
+    cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
     stragglers = parse_stragglers(getattr(args, "straggler", None))
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
                     stragglers=stragglers)
@@ -70,4 +71,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ss.add_argument("--straggler", action="append", default=[], metavar="rank=R,factor=F",
                     help="rank R computes F times slower (repeatable); its TP, PP and DP "
                     "groups wait for it")
+    add_cpu_profile_option(ss, default="the profile the plan file records")
     ss.set_defaults(func=cmd_simulate)

@@ -127,9 +127,10 @@ def predict(model: ModelSpec, plan: Plan, cluster: Cluster) -> tuple[dict, dict]
 
 def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
             plans: tuple[int, ...] | None = DEFAULT_PLANS, console: Console | None = None,
-            timeout_s: float = 300.0) -> dict:
+            timeout_s: float = 300.0, cpu_profile: str | None = None) -> dict:
     """Predict, run ``steps`` steps and compare each plan of `SWEEP` (indices ``plans``; None:
-    the whole sweep).
+    the whole sweep), predicting with the profile ``cpu_profile`` names (a ``--cpu-profile``
+    value: a file, 'none', or None for the newest in the default folder).
 
     Returns (and writes to ``out_dir/compare.json``) ``{"rows": [...], "mape", "worst",
     "spearman", "best_plan_match", "predicted_best", "measured_best", "failed",
@@ -149,7 +150,7 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
     rows, failed = [], []
     for n, (model, plan) in enumerate(chosen, 1):
         rid = row_id(model, plan)
-        cluster = cluster_from_flags("localhost-cpu", None, plan.world_size)
+        cluster = cluster_from_flags("localhost-cpu", None, plan.world_size, cpu_profile)
         pred, assumptions = predict(model, plan, cluster)
         run_dir = out_dir / rid
         plan_path = write_plan_file(run_dir / "plan.yaml", PlanFile(
