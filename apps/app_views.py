@@ -84,11 +84,14 @@ def model_from_inputs(source: str, *, preset: str, custom: dict | None = None,
 
 
 def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int = 4,
-                        uploaded: str | None = None) -> Cluster:
+                        uploaded: str | None = None, cpu_profile: str | None = None) -> Cluster:
     """The cluster the sidebar describes: a preset with its size, or an uploaded YAML text.
 
+    ``cpu_profile`` is the localhost-cpu preset's profile as ``--cpu-profile`` takes it (a
+    file, 'none', or None: the newest in the default folder; `apps.clusters`).
+
     Raises:
-        PlanError: unknown preset, bad size, or an invalid upload.
+        PlanError: unknown preset, bad size, an invalid upload, or a missing profile file.
     """
     if source == "upload":
         if not uploaded:
@@ -101,7 +104,7 @@ def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int 
             return load_cluster(str(path), nodes=None if local else nodes,
                                 ranks=ranks if local else None)
     if preset == "localhost-cpu":
-        return cluster_from_flags(preset, None, ranks)
+        return cluster_from_flags(preset, None, ranks, cpu_profile)
     return load_cluster(preset, nodes=nodes)
 
 

@@ -5,27 +5,38 @@ A localhost cluster is predicted with a calibrated profile only when it is given
 ``--cpu-profile FILE``, by default the newest ``localhost-cpu-*.yaml`` in
 ``$MESHPLAN_PROFILE_DIR`` (else ``runs/profiles``), ``--cpu-profile none`` for the generic
 preset. The profile used is printed with the prediction and written into the plan file, so
-``meshplan simulate PLAN`` predicts with the same one.
+``meshplan simulate PLAN`` predicts with the same one unless its ``--cpu-profile`` says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner.planfile import ClusterRef, PlanFile
 from planner.spec import Plan, PlanError
-from simulator.network.cluster import Cluster, cluster_names, load_cluster
-from simulator.network.cpu_profile import default_profile_dir, newest_profile
 
-CPU_PROFILE_HELP = ("calibrated profile of this machine for localhost clusters (default: the "
-                    "newest localhost-cpu-*.yaml in $MESHPLAN_PROFILE_DIR, else runs/profiles; "
-                    "'none': the generic CPU preset)")
+if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
+    from simulator.network.cluster import Cluster
+
+#: What ``--cpu-profile`` means when it is not given, for a cluster named by flags.
+CPU_PROFILE_DEFAULT = ("the newest localhost-cpu-*.yaml in $MESHPLAN_PROFILE_DIR, else "
+                       "runs/profiles")
 
 
-def add_cpu_profile_option(parser: argparse.ArgumentParser) -> None:
-    """Register ``--cpu-profile FILE|none`` on ``parser``."""
-    parser.add_argument("--cpu-profile", default=None, metavar="FILE|none", help=CPU_PROFILE_HELP)
+def cpu_profile_help(default: str = CPU_PROFILE_DEFAULT) -> str:
+    """The help of ``--cpu-profile`` (and of the explorer's field for it)."""
+    return (f"calibrated profile of this machine for localhost clusters (default: {default}; "
+            f"'none': the generic CPU preset)")
+
+
+def add_cpu_profile_option(parser: argparse.ArgumentParser,
+                           default: str = CPU_PROFILE_DEFAULT) -> None:
+    """Register ``--cpu-profile FILE|none`` on ``parser``; ``default`` says in ``--help``
+    what an absent flag means (`cluster_from_flags`, `cluster_of_plan_file`)."""
+    parser.add_argument("--cpu-profile", default=None, metavar="FILE|none",
+                        help=cpu_profile_help(default))
 
 
 def resolve_cpu_profile(value: str | None) -> Path | None:
@@ -35,6 +46,7 @@ def resolve_cpu_profile(value: str | None) -> Path | None:
     Raises:
         PlanError: the named file does not exist.
     """
+    from simulator.network.cpu_profile import default_profile_dir, newest_profile
     if value is not None and value.lower() == "none":
         return None
     if value is None:
@@ -56,6 +68,7 @@ def cluster_from_flags(name_or_path: str, nodes: int | None, ranks: int | None,
         PlanError: as `simulator.network.cluster.load_cluster`; a missing profile file; a
             ``--cpu-profile`` for a GPU cluster.
     """
+    from simulator.network.cluster import load_cluster
     cluster = load_cluster(name_or_path, nodes=nodes, ranks=ranks)
     if cluster.nics_per_node:
         if cpu_profile is not None:
@@ -70,9 +83,18 @@ def cluster_from_flags(name_or_path: str, nodes: int | None, ranks: int | None,
     return load_cluster(name_or_path, nodes=nodes, ranks=ranks, cpu_profile=profile)
 
 
+def profile_line(cluster: Cluster) -> str:
+    """What a localhost prediction assumes about this machine (the profile it was given)."""
+    if cluster.cpu_profile is None:
+        return ("assumes the generic CPU preset (no profile of this machine: `meshplan "
+                "calibrate` measures it in 3-4 minutes on an idle machine)")
+    return f"assumes cpu profile {cluster.cpu_profile.path}"
+
+
 def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> ClusterRef:
     """The plan file's block for ``plan`` on ``cluster`` (``source``: the --cluster value,
     recorded as the file's path when it is not a preset)."""
+    from simulator.network.cluster import cluster_names
     localhost = cluster.nics_per_node == 0
     path = None if source is None or source in cluster_names() else str(Path(source))
     profile = cluster.cpu_profile
@@ -82,13 +104,18 @@ def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> Clus
                       peak_flops_per_device=cluster.device.peak(plan.dtype))
 
 
-def cluster_of_plan_file(pf: PlanFile) -> Cluster:
-    """The cluster a plan file was made for, with the profile it was predicted with.
+def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluster:
+    """The cluster a plan file was made for, with the profile it was predicted with, or the
+    one ``cpu_profile`` (a ``--cpu-profile`` value) names instead.
 
     Raises:
-        PlanError: the cluster or its profile file cannot be loaded (the message names it).
+        PlanError: the cluster or its profile file cannot be loaded (the message names it);
+            a ``cpu_profile`` for a GPU cluster.
     """
+    from simulator.network.cluster import load_cluster
     ref = pf.cluster
+    source, nodes = ref.path or ref.name, None if ref.is_localhost else ref.nodes
     ranks = (ref.ranks or pf.plan.world_size) if ref.is_localhost else None
-    return load_cluster(ref.path or ref.name, nodes=None if ref.is_localhost else ref.nodes,
-                        ranks=ranks, cpu_profile=ref.cpu_profile)
+    if cpu_profile is not None:
+        return cluster_from_flags(source, nodes, ranks, cpu_profile)
+    return load_cluster(source, nodes=nodes, ranks=ranks, cpu_profile=ref.cpu_profile)

@@ -38,7 +38,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     return 0  # not reached: execv replaces this process
 
 
-def add_app_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``app`` subcommand on ``sub`` (the CLI's subparsers)."""
     sa = sub.add_parser("app", help="start the Streamlit explorer in a browser")
     sa.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")

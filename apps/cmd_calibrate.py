@@ -6,10 +6,7 @@ import argparse
 import json
 import os
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from apps.format import fmt_time_s
+from apps.format import command_console, fmt_time_s
 from planner.spec import PlanError
 
 
@@ -39,10 +36,12 @@ def load_warning(load: float | None = None, cores: int | None = None) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from apps.compare import sweep_models
     from runtime.calibrate.calibrate import calibrate, write_profile
     from simulator.network.cpu_profile import default_profile_dir
-    console = Console(stderr=bool(args.json))
+    console = command_console(args)
     for flag, value, low in (("--ranks", args.ranks, 1), ("--iters", args.iters, 1)):
         if value is not None and value < low:
             raise PlanError(f"{flag}={value} must be >= {low} (e.g. {flag} 4)")
@@ -79,7 +78,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_calibrate_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``meshplan calibrate`` on the CLI's subparsers."""
     from apps.compare import sweep_models
     sc = sub.add_parser("calibrate", help="measure this machine (GEMM, attention, gloo, "

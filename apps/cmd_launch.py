@@ -13,8 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rich.console import Console
-
+from apps.format import command_console
 from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
 from planner.spec import PlanError
 
@@ -55,7 +54,7 @@ def check_nodes_fit(plan_path: str, nodes: int) -> None:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
-    console = Console(stderr=bool(args.json))
+    console = command_console(args)
     for flag, value in (("--nodes", args.nodes), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise PlanError(f"{flag}={value} must be a positive integer")
@@ -100,7 +99,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_launch_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `launch` on the CLI's subparsers."""
     sl = sub.add_parser("launch", help="print or run torchrun per node, or write an sbatch "
                         "script, for a plan file")

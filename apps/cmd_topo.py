@@ -7,9 +7,9 @@ import argparse
 import json
 import re
 
-import pandas as pd
 from rich.console import Console
 
+from apps.clusters import add_cpu_profile_option
 from apps.format import print_table, write_csv
 from planner.spec import PlanError
 
@@ -56,7 +56,14 @@ def _fmt_size(x: float) -> str:
 
 def _load(args: argparse.Namespace, ranks: int | None):
     from apps.clusters import cluster_from_flags
-    return cluster_from_flags(args.cluster, args.nodes, ranks)
+    return cluster_from_flags(args.cluster, args.nodes, ranks, getattr(args, "cpu_profile", None))
+
+
+def _print_profile(console: Console, cluster) -> None:
+    """The profile a localhost cluster's costs come from (nothing for a GPU cluster)."""
+    from apps.clusters import profile_line
+    if cluster.nics_per_node == 0:
+        console.print(f"  {profile_line(cluster)}", highlight=False)
 
 
 def collective_rows(cluster, op: str, sizes: list[int], ranks: int | None,
@@ -100,11 +107,14 @@ def cmd_collective(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"op": op, "cluster": cluster.name, "rows": rows}))
         return 0
+    import pandas as pd
     n = 2 if op == "send_recv" else (args.ranks or cluster.num_devices)
-    Console().print(f"[bold]{op}[/] on {n} ranks of [bold]{cluster.name}[/] "
-                    f"({cluster.num_devices} x {cluster.device.name}); busbw as nccl-tests "
-                    f"defines it")
-    print_table(Console(), pd.DataFrame(rows), "simulated nccl-tests",
+    console = Console()
+    console.print(f"[bold]{op}[/] on {n} ranks of [bold]{cluster.name}[/] "
+                  f"({cluster.num_devices} x {cluster.device.name}); busbw as nccl-tests "
+                  f"defines it")
+    _print_profile(console, cluster)
+    print_table(console, pd.DataFrame(rows), "simulated nccl-tests",
                 {"size_bytes": ("size", _fmt_size), "time_s": ("time us",
                                                               lambda t: f"{t * 1e6:.1f}"),
                  "algbw_Bps": ("algbw GB/s", _fmt_bw), "busbw_Bps": ("busbw GB/s", _fmt_bw),
@@ -135,6 +145,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     where = f"{info['nodes']} {info['node_type']} node(s)" if info["node_type"] else "one machine"
     console.print(f"[bold]{info['name']}[/]: {info['devices']} x {info['device']} on {where}",
                   highlight=False)
+    _print_profile(console, cluster)
     intra = info["intra"] + (f", {info['intra_bandwidth_Bps'] / 1e9:g} GB/s per GPU"
                              if info["intra_bandwidth_Bps"] and info["nics_per_node"] else "")
     lines = [("intra-node", intra + (", in-switch reduction"
@@ -155,6 +166,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         place = out["placement"]
         console.print(f"placement of {place['plan']} (innermost first: "
                       f"{', '.join(place['order'])})")
+        import pandas as pd
         df = pd.DataFrame(place["groups"])
         print_table(console, df, "groups per mesh axis",
                     {"axis": ("axis", None), "size": ("size", None),
@@ -166,8 +178,13 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_topo_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `meshplan topo`."""
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``topo`` and ``collective`` on the subcommand parser ``sub``."""
+    _add_topo_parser(sub)
+    _add_collective_parser(sub)
+
+
+def _add_topo_parser(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("topo", help="summarise and draw a cluster (devices, links, bisection)")
     st.add_argument("cluster", help="preset (dgx-a100, dgx-h100, dgx-h200, dgx-b200, pcie-a100,"
                     " ...) or a cluster YAML file (docs/clusters.md)")
@@ -177,11 +194,11 @@ def add_topo_parser(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--draw-nodes", type=int, default=8, help="servers drawn (default 8)")
     st.add_argument("--plan", help="plan file: report which tp/dp/pp groups cross nodes")
     st.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_cpu_profile_option(st)
     st.set_defaults(func=cmd_topo)
 
 
-def add_collective_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `meshplan collective`."""
+def _add_collective_parser(sub: argparse._SubParsersAction) -> None:
     sc = sub.add_parser("collective", help="simulated nccl-tests: time, algbw, busbw per size")
     sc.add_argument("op", help="all_reduce, reduce_scatter, all_gather, all_to_all, broadcast "
                     "or send_recv (nccl-tests spellings such as allreduce work too)")
@@ -197,4 +214,5 @@ def add_collective_parser(sub: argparse._SubParsersAction) -> None:
                     "the cluster runs at once (shares NICs and uplinks)")
     sc.add_argument("--json", action="store_true", help="print {\"rows\": [...]} on stdout")
     sc.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
+    add_cpu_profile_option(sc)
     sc.set_defaults(func=cmd_collective)

@@ -6,7 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-import pandas as pd
 from rich.console import Console
 
 from apps.format import fmt_pct, fmt_time_s, print_table, write_csv
@@ -88,6 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not result["rows"]:
         console.print(f"{args.runs}: no row could be simulated", highlight=False)
         return 1
+    import pandas as pd
     df = pd.DataFrame(result["rows"])
     print_table(console, df, f"{args.runs}: predicted vs reference step time", COLUMNS,
                 limit=args.top)

@@ -10,21 +10,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from rich.console import Console
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from rich.console import Console  # noqa: E402
+from apps.clusters import cluster_from_flags, cluster_ref
+from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table
+from planner.planfile import PlanFile, write_plan_file
+from planner.presets import load_model
+from planner.spec import ModelSpec, Plan, PlanError
 
-from apps.clusters import cluster_from_flags, cluster_ref  # noqa: E402
-from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table  # noqa: E402
-from planner.planfile import PlanFile, write_plan_file  # noqa: E402
-from planner.presets import load_model  # noqa: E402
-from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
-from simulator.network.cluster import Cluster  # noqa: E402
-from simulator.validation.report import error_summary, rel_error  # noqa: E402
+if TYPE_CHECKING:       # pandas, matplotlib and the simulator load when a sweep runs
+    import pandas as pd
+
+    from simulator.network.cluster import Cluster
 
 COMPARE_GLOBAL_BATCH = 8
 #: The second model shape of the sweep: wider and shallower than tiny-gpt, shorter sequences.
@@ -128,9 +127,10 @@ def predict(model: ModelSpec, plan: Plan, cluster: Cluster) -> tuple[dict, dict]
 
 def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
             plans: tuple[int, ...] | None = DEFAULT_PLANS, console: Console | None = None,
-            timeout_s: float = 300.0) -> dict:
+            timeout_s: float = 300.0, cpu_profile: str | None = None) -> dict:
     """Predict, run ``steps`` steps and compare each plan of `SWEEP` (indices ``plans``; None:
-    the whole sweep).
+    the whole sweep), predicting with the profile ``cpu_profile`` names (a ``--cpu-profile``
+    value: a file, 'none', or None for the newest in the default folder).
 
     Returns (and writes to ``out_dir/compare.json``) ``{"rows": [...], "mape", "worst",
     "spearman", "best_plan_match", "predicted_best", "measured_best", "failed",
@@ -139,7 +139,10 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
     (predicted − measured) / measured of the step time, final_loss and the row's assumptions
     (profile, threads per rank, ranks per core, ...). Also writes ``out_dir/compare.png``.
     """
+    import pandas as pd
+
     from runtime.launch import run_plan
+    from simulator.validation.report import rel_error
     console = console or Console()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,7 +150,7 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
     rows, failed = [], []
     for n, (model, plan) in enumerate(chosen, 1):
         rid = row_id(model, plan)
-        cluster = cluster_from_flags("localhost-cpu", None, plan.world_size)
+        cluster = cluster_from_flags("localhost-cpu", None, plan.world_size, cpu_profile)
         pred, assumptions = predict(model, plan, cluster)
         run_dir = out_dir / rid
         plan_path = write_plan_file(run_dir / "plan.yaml", PlanFile(
@@ -214,6 +217,9 @@ def summarize_rows(rows: list[dict]) -> dict:
     >>> round(r["mape"], 3), r["worst"]["id"], round(r["spearman"], 6), r["best_plan_match"]
     (0.05, 'b', 1.0, True)
     """
+    import pandas as pd
+
+    from simulator.validation.report import error_summary
     if not rows:
         return {"rows": [], "mape": None, "spearman": None, "best_plan_match": False}
     report = error_summary(rows, measured="measured_step_time_s")
@@ -247,6 +253,9 @@ def summary_line(result: dict) -> str:
 
 def plot_compare(df: pd.DataFrame, path: Path, result: dict | None = None) -> None:
     """Predicted vs measured step time per plan (log-log scatter, y = x and ±10% band)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 5.5))
     meas, pred = df["measured_step_time_s"] * 1e3, df["predicted_step_time_s"] * 1e3
     lo, hi = 0.8 * min(meas.min(), pred.min()), 1.25 * max(meas.max(), pred.max())

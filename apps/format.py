@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-from rich import box
 from rich.console import Console
-from rich.table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GiB = 2**30
 
@@ -29,7 +30,8 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_pct(x: float | None) -> str:
     """A fraction as a percentage with one decimal; '-' when unknown."""
-    return "-" if x is None or pd.isna(x) else f"{100 * x:.1f}%"
+    from pandas import isna
+    return "-" if x is None or isna(x) else f"{100 * x:.1f}%"
 
 
 def fmt_gib(n: float) -> str:
@@ -63,8 +65,24 @@ def fmt_rate(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def fmt_params(n: int) -> str:
+    """A parameter count as ``'70.55B'`` or ``'3.3M'``.
+
+    >>> fmt_params(70_553_706_496), fmt_params(3_300_000)
+    ('70.55B', '3.3M')
+    """
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def command_console(args) -> Console:
+    """The console a command prints its human output on: stderr under ``--json``, so stdout
+    holds one JSON object."""
+    return Console(stderr=bool(getattr(args, "json", False)))
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Write table rows as CSV in SI units (nested values as JSON); parent folders created."""
+    import pandas as pd
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = [{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()}
@@ -81,6 +99,8 @@ def print_table(console: Console, df: pd.DataFrame, title: str,
     Cells never wrap or get cut: a table wider than the terminal is printed at its own width
     (the terminal folds the lines; piped output keeps every row on one line).
     """
+    from rich import box
+    from rich.table import Table
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 0))
     for col, (header, _) in columns.items():

@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from apps import app_views as views  # noqa: E402
+from apps.clusters import cpu_profile_help, profile_line  # noqa: E402
 from planner.presets import load_model, model_names  # noqa: E402
 from planner.search import out_of_memory_reason, search  # noqa: E402
 from planner.spec import Plan, PlanError, check_plan  # noqa: E402
@@ -75,6 +76,8 @@ def sidebar_inputs() -> dict:
     nodes = int(sb.number_input("nodes", min_value=1, value=2, step=1, key="nodes"))
     ranks = int(sb.number_input("ranks (localhost-cpu)", min_value=1, value=4, step=1,
                                 key="ranks"))
+    cpu_profile = sb.text_input("CPU profile (localhost-cpu; empty: the newest, 'none')",
+                                value="", key="cpu_profile", help=cpu_profile_help()).strip()
     sb.header("Batch and constraints")
     gb = int(sb.number_input("global batch (sequences)", min_value=1, value=64, step=1,
                              key="global_batch"))
@@ -92,7 +95,7 @@ def sidebar_inputs() -> dict:
     return {"model_source": source, "model_preset": preset, "custom": custom,
             "model_text": _read_upload("model_file") if source == "upload" else None,
             "seq_len": seq, "cluster_source": csource, "cluster_preset": cpreset,
-            "nodes": nodes, "ranks": ranks,
+            "nodes": nodes, "ranks": ranks, "cpu_profile": cpu_profile or None,
             "cluster_text": _read_upload("cluster_file") if csource == "upload" else None,
             "global_batch": gb, "micro_batches": tuple(sorted(mbs)),
             "recompute": tuple(rcs), "num_devices": devices or None,
@@ -108,7 +111,8 @@ def build_model(inputs: dict):
 def build_cluster(inputs: dict, bandwidth: float = 1.0, latency: float = 1.0):
     cluster = views.cluster_from_inputs(inputs["cluster_source"],
                                         preset=inputs["cluster_preset"], nodes=inputs["nodes"],
-                                        ranks=inputs["ranks"], uploaded=inputs["cluster_text"])
+                                        ranks=inputs["ranks"], uploaded=inputs["cluster_text"],
+                                        cpu_profile=inputs["cpu_profile"])
     if bandwidth != 1.0 or latency != 1.0:
         cluster = cluster.scale_links(bandwidth=bandwidth, latency=latency)
     return cluster
@@ -293,6 +297,8 @@ def main() -> None:
         st.caption(f"**{model.name}** ({model.num_params() / 1e9:.2f}B params, seq "
                    f"{model.seq_len}) on **{cluster.name}** ({cluster.num_devices} × "
                    f"{cluster.device.name}), global batch {inputs['global_batch']}")
+        if cluster.nics_per_node == 0:
+            st.caption(profile_line(cluster))
         with st.spinner("searching every legal plan ..."):
             result, seconds = cached_search(inputs_json)
     except PlanError as exc:

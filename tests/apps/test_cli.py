@@ -24,6 +24,27 @@ def test_help(command, capsys):
     assert "usage: meshplan" in capsys.readouterr().out
 
 
+#: What a command loads when it runs, never when it parses: `--help` answers at once.
+HEAVY_MODULES = ("torch", "pandas", "numpy", "matplotlib", "streamlit", "altair", "simpy",
+                 "networkx", "simulator")
+_LOADED_BY_HELP = f"""
+import contextlib, io, sys
+from apps.cli import build_parser
+for command in ["plan", "simulate", "run", "compare", "validate", "calibrate", "demo",
+                "launch", "app", "topo", "collective"]:
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        build_parser().parse_args([command, "--help"])
+print(" ".join(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY_MODULES!r}))))
+"""
+
+
+def test_help_loads_no_heavy_module():
+    proc = subprocess.run([sys.executable, "-c", _LOADED_BY_HELP], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == []
+
+
 def test_every_subcommand_is_documented():
     text = build_parser().format_help()
     for command in SUBCOMMANDS:

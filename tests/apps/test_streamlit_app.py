@@ -165,6 +165,15 @@ def test_localhost_cluster_uses_ranks():
     assert want.best.world_size == 2
 
 
+def test_localhost_cluster_says_which_profile_it_assumes(tmp_path):
+    at = _app(model_preset="tiny-gpt", cluster_preset="localhost-cpu", ranks=2,
+              global_batch=8, cpu_profile="none")
+    assert any("assumes the generic CPU preset" in c.value for c in at.caption)
+    at = _app(model_preset="tiny-gpt", cluster_preset="localhost-cpu",
+              cpu_profile=str(tmp_path / "missing.yaml"))
+    assert at.error and "--cpu-profile" in at.error[0].value
+
+
 def test_every_widget_has_a_stable_key():
     at = _app(model_source="custom", use_custom_plan=True)
     kinds = ("radio", "selectbox", "number_input", "multiselect", "slider", "select_slider",

@@ -1,0 +1,156 @@
+"""`meshplan plan`: search every legal tp x pp x dp split of a model on a cluster and rank them.
+
+    meshplan plan --model llama3-70b --cluster dgx-h100 --nodes 64 --top 8 --out plan.yaml
+    meshplan plan --model tiny-gpt --cluster localhost-cpu --ranks 2 --out tiny.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from apps.clusters import add_cpu_profile_option
+from apps.format import (
+    command_console,
+    fmt_flag,
+    fmt_gib,
+    fmt_krate,
+    fmt_params,
+    fmt_pct,
+    fmt_recompute,
+    fmt_time_s,
+    print_table,
+)
+from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
+from planner.planfile import PlanFile, write_plan_file
+from planner.presets import load_model, model_names
+from planner.spec import PlanError
+
+PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
+                  "tokens_per_s", "mfu", "peak_memory_bytes"]
+#: Further plan fields the JSON rows carry when the search table has them (as --csv does).
+PLAN_JSON_EXTRA = ["cp", "virtual_stages", "schedule", "recompute", "zero_stage",
+                   "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s"]
+PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
+              "micro_batch": ("mb", None), "virtual_stages": ("v", None),
+              "zero_stage": ("zero", None), "recompute": ("ac", fmt_recompute),
+              "sequence_parallel": ("sp", fmt_flag), "step_time_s": ("step", fmt_time_s),
+              "tokens_per_s": ("ktok/s", fmt_krate), "mfu": ("MFU", fmt_pct),
+              "peak_memory_bytes": ("GiB/rank", fmt_gib)}
+#: Default tokens per global batch on GPU clusters (Llama 3 pre-training started at 4M tokens,
+#: Dubey et al. 2024 §3.4.1); the default global batch is this over the sequence length.
+DEFAULT_BATCH_TOKENS = 4 * 2**20
+
+
+def default_global_batch(cluster, seq_len: int) -> int:
+    """8 sequences on a CPU cluster; else ~4M tokens rounded to a power of two of sequences."""
+    if cluster.default_dtype == "fp32":
+        return 8
+    return max(1, 2 ** round(math.log2(DEFAULT_BATCH_TOKENS / seq_len)))
+
+
+def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
+    """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+            raise PlanError(f"{flag}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from apps.clusters import cluster_from_flags, cluster_ref, profile_line
+    from apps.cmd_faults import goodput_json, goodput_ranked, goodput_table_columns
+    from planner.objective import GOODPUT_COLUMNS
+    from planner.search import search
+    console = command_console(args)
+    require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
+                     "--mtbf-hours", "--node-mtbf-hours")
+    require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
+    require_positive(args, "--top-k", allow_zero=True)
+    model = load_model(args.model)
+    if args.seq_len is not None:
+        model = model.replace(seq_len=args.seq_len)
+    cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
+                                 getattr(args, "cpu_profile", None))
+    gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
+    console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
+                  f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
+                  f"{cluster.device.name}), global batch {gb}")
+    if cluster.nics_per_node == 0:
+        console.print(profile_line(cluster), highlight=False)
+    with console.status("searching every legal plan ..."):
+        result = search(model, cluster, global_batch=gb, top_k=args.top_k,
+                        **search_kwargs(args))
+    if getattr(args, "objective", "throughput") == "goodput":
+        result = goodput_ranked(console, result, model, cluster, args)
+    ranked, rejected = result.ranked, result.rejected
+    if args.json:
+        keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
+                                 if k in ranked]
+        print(json.dumps({"plans": ranked[keys].to_dict("records"),
+                          "rejected": rejected.to_dict("records"), **json_extras(result),
+                          **goodput_json(args)}))
+    else:
+        if not ranked.empty:
+            columns = dict(PLAN_TABLE)
+            if "cp" in ranked and (ranked["cp"].head(args.top) > 1).any():
+                columns = {"tp": columns["tp"], "cp": ("cp", None),
+                           **{k: v for k, v in columns.items() if k != "tp"}}
+            columns.update({k: v for k, v in goodput_table_columns().items() if k in ranked})
+            shown = ranked.head(args.top)
+            if (shown["placement"] != "tp.dp.pp").any():
+                # Rows that differ only in rank placement would look identical without it.
+                columns["placement"] = ("order", None)
+            print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
+        refined = int((ranked["tier"] == "simulated").sum())
+        oom = rejected["reason"].str.startswith("out of memory")
+        console.print(f"{len(ranked)} legal plans ({refined} best refined by SimPy, the rest "
+                      f"analytical); {len(rejected)} rejected: {int(oom.sum())} out of memory, "
+                      f"{int((~oom).sum())} illegal (`--json` lists every reason)")
+        for kind in (oom, ~oom):
+            if kind.any():
+                row = rejected[kind].iloc[0]
+                console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
+    report(console, args, result)
+    if args.out:
+        best = result.best
+        pred = result.predictions[best.id]
+        write_plan_file(args.out, PlanFile(
+            model=model, plan=best, prediction=pred.to_dict(),
+            cluster=cluster_ref(cluster, best, args.cluster)))
+        console.print(f"wrote {args.out} ({best.id})")
+    # No legal plan: the inputs cannot be satisfied together (the report says which constraint
+    # blocks them), so this is bad input, exit 2, also with --json.
+    return 0 if not ranked.empty else 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``plan`` on the subcommand parser ``sub``."""
+    sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
+    sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}) or YAML")
+    sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, dgx-h200, "
+                    "dgx-b200, dgx-h100-roce, pcie-a100, localhost-cpu) or a cluster YAML file")
+    sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")
+    sp.add_argument("--ranks", type=int, help="processes on localhost-cpu (default 4)")
+    sp.add_argument("--global-batch", type=int, help="sequences per step (default: 4M tokens "
+                    "on GPUs, 8 on localhost-cpu)")
+    sp.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    sp.add_argument("--top-k", type=int, default=20, help="plans refined by SimPy (default 20)")
+    sp.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
+    sp.add_argument("--out", help="write the best plan to this plan file (YAML)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sp.add_argument("--objective", choices=("throughput", "goodput"), default="throughput",
+                    help="rank by predicted tokens/s, or by tokens/s x goodput under failures")
+    sp.add_argument("--mtbf-hours", type=float, default=50_000.0,
+                    help="per-device MTBF in hours for --objective goodput (default 50000)")
+    sp.add_argument("--node-mtbf-hours", type=float,
+                    help="per-node MTBF in hours (node failures besides device failures)")
+    sp.add_argument("--restart-s", type=float, help="seconds from a failure to training "
+                    "again, lost work excluded (--objective goodput; default 300)")
+    sp.add_argument("--spare-delay-s", type=float, help="seconds to swap a spare node in "
+                    "after a node failure (--objective goodput, with --node-mtbf-hours; "
+                    "default 0)")
+    add_plan_options(sp)
+    add_cpu_profile_option(sp)
+    sp.set_defaults(func=cmd_plan)

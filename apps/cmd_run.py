@@ -1,0 +1,57 @@
+"""`meshplan run PLAN.yaml`: train a plan file with torchrun on this machine; the resolved
+configuration is echoed and saved beside the run's outputs (`apps.run_config`).
+
+    meshplan run tiny.yaml --steps 4 --checkpoint-every 2 --out runs/tiny
+    meshplan run tiny.yaml --inject kill:rank=1,step=7 --max-restarts 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from apps.cmd_faults import add_run_fault_args
+from apps.format import command_console, fmt_rate, fmt_time_s
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from apps.cmd_faults import restart_line, run_fault_kwargs
+    from apps.run_config import (
+        check_run_args,
+        echo_run_config,
+        resolved_run_config,
+        save_run_config,
+        with_step_progress,
+    )
+    from runtime.launch import run_plan
+    console = command_console(args)
+    check_run_args(args)
+    config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data,
+                                 faults=run_fault_kwargs(args))
+    echo_run_config(console, config)
+    console.print(f"  saved   {save_run_config(config)}", highlight=False)
+    summary = with_step_progress(console, config, lambda: run_plan(
+        args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data,
+        **run_fault_kwargs(args)))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
+                      f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"
+                      f"{' (after step 1)' if summary['steps'] > 1 else ''}, "
+                      f"{fmt_rate(summary['tokens_per_s'])} tokens/s")
+        if (line := restart_line(summary)) is not None and summary["restarts"]:
+            console.print(line, highlight=False)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``run`` on the subcommand parser ``sub``."""
+    sr = sub.add_parser("run", help="train a plan file with torchrun on this machine")
+    sr.add_argument("plan", help="plan file (YAML)")
+    sr.add_argument("--steps", type=int, default=10)
+    sr.add_argument("--data", help="text file to train on (default: Python stdlib sources)")
+    sr.add_argument("--out", help="run folder (default runs/<plan id>)")
+    sr.add_argument("--json", action="store_true", help="print summary.json on stdout")
+    add_run_fault_args(sr)
+    sr.set_defaults(func=cmd_run)
