@@ -187,6 +187,63 @@ def _year(row: dict) -> int | None:
     return max(years) if years else None
 
 
+#: A mixture-of-experts row of published_benchmarks.csv names its experts or its expert
+#: parallelism in ``notes`` (the table's README); the dense reader does not model experts.
+_MOE = re.compile(r"num_experts|(?<![a-z_])ep\s*=")
+#: Low-precision GEMM recipes (FP8 per-tensor / delayed / current scaling, MXFP8, NVFP4,
+#: torchao float8 linears); the dense reader models bf16 / fp16 GEMMs only.
+_LOW_PRECISION = re.compile(r"fp8|float8|mxfp8|nvfp4|fp4")
+#: The ``notes`` keys that name a row's GEMM precision: ``precision=`` (the table's own
+#: convention), torchtitan's ``quantization=`` / ``optimizations=`` / ``techniques=`` cells.
+_PRECISION_KEYS = ("precision", "quantization", "optimizations", "techniques")
+
+
+def row_precision(row: dict) -> str | None:
+    """The GEMM precision a row's ``notes`` name (the first of `_PRECISION_KEYS` given), or
+    None when they name none.
+
+    >>> row_precision({"notes": "x=1; precision=bf16+float8 linears (torchao); y"})
+    'bf16+float8 linears (torchao)'
+    >>> row_precision({"notes": "quantization=None (bfloat16); GBS = 12 x 8"})
+    'None (bfloat16)'
+    """
+    notes = row.get("notes") or ""
+    for key in _PRECISION_KEYS:
+        m = re.search(rf"(?<![a-z_]){key}\s*=\s*([^;]*)", notes, flags=re.IGNORECASE)
+        if m:
+            return m.group(1).strip()
+    return None
+
+
+def unsupported_reason(row: dict) -> str | None:
+    """Why a published row is not simulated by the dense reader, or None when it is.
+
+    A mixture-of-experts row (``num_experts`` or ``EP=`` in ``notes``) and a row trained
+    with FP8 / MXFP8 / NVFP4 GEMMs (``precision=`` or torchtitan's float8 settings in
+    ``notes``) are listed under ``skipped`` with this reason, never simulated as a dense
+    bf16 run (published_benchmarks.csv README).
+
+    >>> unsupported_reason({"notes": "precision=mxfp8; GBS=256"})
+    'precision=mxfp8: FP8 / MXFP8 / NVFP4 training is not modelled (dense bf16/fp16 only)'
+    >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"})[:9]
+    'MoE model'
+    >>> unsupported_reason({"notes": "precision=bf16; step_time=GBS*seq/(TPS*num_gpus)"})
+    """
+    notes = row.get("notes") or ""
+    low = notes.lower()
+    if _MOE.search(low):
+        return ("MoE model (num_experts / EP in notes): mixture-of-experts layers are not "
+                "modelled by the dense reader")
+    precision = row_precision(row)
+    if precision is not None and _LOW_PRECISION.search(precision.lower()):
+        return (f"precision={precision}: FP8 / MXFP8 / NVFP4 training is not modelled "
+                f"(dense bf16/fp16 only)")
+    if "float8 linear" in low:
+        return ("precision=float8 linears (notes): FP8 / MXFP8 / NVFP4 training is not "
+                "modelled (dense bf16/fp16 only)")
+    return None
+
+
 def _family(row: dict) -> str:
     """The framework family whose defaults fill a published row's missing settings: "mpt"
     (llm-foundry), "bloom" (BigScience's Megatron-DeepSpeed), "megatron-deepspeed" (other
@@ -201,6 +258,8 @@ def _family(row: dict) -> str:
     """
     src = row["source"]
     low = src.lower()
+    if "torchtitan" in low:
+        return "torchtitan"
     if "llm-foundry" in low:
         return "mpt"
     if "bigscience" in low:
@@ -251,6 +310,9 @@ def gpu_cluster(row: dict, family: str) -> tuple[str, list[str]]:
         elif "sxm" not in gpu and "dgx" not in gpu:
             flags.append("gpu=H100 SXM (form factor not stated)")
         return "dgx-h100", flags
+    if "gb200" in gpu:
+        raise PlanError(f"gpu={row['gpu']!r}: no GB200 NVL72 profile (72 GPUs in one NVLink "
+                        f"domain); the validation clusters cover {', '.join(GPU_CLUSTERS)}")
     if "h200" in gpu:
         if "gh200" in gpu:
             flags.append("gpu=H200 SXM node for GH200 (same GPU die and HBM3e)")
@@ -331,6 +393,9 @@ def _degrees(row: dict, flags: list[str]) -> tuple[int, int, int, int]:
 
 
 def _published_case(row: dict) -> RunCase:
+    reason = unsupported_reason(row)
+    if reason:
+        raise PlanError(reason)
     flags: list[str] = []
     fam = _family(row)
     h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
@@ -376,20 +441,22 @@ def _published_case(row: dict) -> RunCase:
     elif rec.startswith(("none", "no", "false", "off")):
         recompute = "none"
     else:
-        recompute = "none" if fam in ("megatron-core", "mpt") else "full"
+        recompute = "none" if fam in ("megatron-core", "mpt") else \
+            "selective" if fam == "torchtitan" else "full"
         flags.append(f"recompute={recompute} (default for {fam} rows)")
     sp_cell = (row["sequence_parallel"] or "").strip().lower()
     if sp_cell in ("yes", "no", "true", "false", "on", "off"):
         sp = sp_cell in ("yes", "true", "on") and tp > 1
     else:
-        sp = fam == "megatron-core" and tp > 1
+        sp = fam in ("megatron-core", "torchtitan") and tp > 1
         if tp > 1:
             flags.append(f"sequence_parallel={sp} (default)")
     z_cell = (row["zero_stage"] or "").strip()
     if z_cell:
         zero = _zero_stage(z_cell)
     else:
-        zero = {"megatron-core": 1, "bloom": 1, "megatron-deepspeed": 1}.get(fam, 0)
+        zero = {"megatron-core": 1, "bloom": 1, "megatron-deepspeed": 1,
+                "torchtitan": 3}.get(fam, 0)
         if zero and dp > 1:
             flags.append(f"zero_stage={zero} (default)")
     vpp = _num(row["vpp"])
@@ -423,13 +490,17 @@ def _published_case(row: dict) -> RunCase:
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
                 stage_layers=split)
     framework = {"bloom": "megatron-deepspeed", "megatron-deepspeed": "megatron-deepspeed",
-                 "mpt": "llm-foundry", "megatron-core": "megatron-core"}.get(fam, "megatron-lm")
+                 "mpt": "llm-foundry", "megatron-core": "megatron-core",
+                 "torchtitan": "torchtitan"}.get(fam, "megatron-lm")
+    async_tp = re.search(r"async[\s_-]*tp\s*(=\s*true|on)|tp mode=async|asynctp",
+                         row.get("notes", "").lower()) is not None
     options = SimOptions(**load_framework(framework),
                          attention="unfused" if old else
                          "flash-triton" if fam == "mpt" else "flash",
-                         tp_comm_overlap=fam == "megatron-core",
+                         tp_comm_overlap=fam == "megatron-core" or async_tp,
                          dp_bucket_bytes=DDP_BUCKET_BYTES if overlap and old else
-                         None if old else 40e6, blocking_p2p=fam != "mpt",
+                         None if old else 40e6,
+                         blocking_p2p=fam not in ("mpt", "torchtitan"),
                          zero3_unaggregated=fam == "megatron" and zero == 3,
                          zero3_prefetch_params=DEEPSPEED_PREFETCH_PARAMS
                          if fam == "megatron" and zero == 3 else None,
