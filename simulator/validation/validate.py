@@ -252,7 +252,7 @@ def _family(row: dict) -> str:
     (Megatron-LM up to 2022: fp16, unfused attention).
 
     >>> _family({"source": "torchtitan README (2024)", "notes": ""})
-    'megatron-core'
+    'torchtitan'
     >>> _family({"source": "Shoeybi et al. 2019 'Megatron-LM'", "notes": ""})
     'megatron'
     """
