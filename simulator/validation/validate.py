@@ -14,9 +14,20 @@ Defaults (never tuned per row):
   MLP, RMSNorm, ffn = 8h/3 rounded up to 256 and vocab 32,000 when not given; a Llama 3 model
   ffn = 3.5h, 8 KV heads and vocab 128,256. The row's ``gpu`` cell picks the cluster
   (`gpu_cluster`); a GPU without a device profile skips the row with the reason.
-* the framework family comes from the source (`_family`): llm-foundry, BigScience,
-  Megatron-DeepSpeed, Megatron-Core / NeMo or any source from 2023 on (Megatron-Core
-  defaults), else Megatron-LM up to 2022.
+* the framework family comes from what the row says, never from its year: each family is a
+  file in ``presets/frameworks`` (`simulator.validation.frameworks`) that names the source /
+  table / notes substrings it matches and holds its defaults (precision, attention kernels,
+  recomputation, sequence parallelism, ZeRO stage, TP-communication overlap, gradient
+  reduction bytes and bucket, P2P behaviour, ZeRO-3 prefetch and reduce-scatter overlap) and
+  the recipes of sources that launched differently. Every row is flagged with its family and
+  with each default taken. The bullets below describe what those files hold.
+* published_benchmarks.csv: a mixture-of-experts row (``num_experts`` / ``EP=`` in notes) and
+  an FP8 / MXFP8 / NVFP4 row (``precision=`` or torchtitan's float8 settings in notes) is
+  listed under ``skipped`` with the reason (`unsupported_reason`), as is a GB200 NVL72 row.
+* torchtitan (FSDP2): bf16 parameters with fp32 gradient reduction, SDPA flash attention,
+  FULL_SHARD over every data-parallel rank with the next block's gather prefetched,
+  reduce-scatters overlapped, selective recomputation unless stated, async TP (TP
+  communication overlapped) where the notes say so; cluster ``dgx-h100`` / ``dgx-h200``.
 * vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257 (padded as Megatron pads it,
   `megatron_padded_vocab`), fp16, full recomputation, 1F1B, unfused
   attention, blocking P2P (with the fitted Megatron-DeepSpeed send/recv overhead), gradients
@@ -66,7 +77,8 @@ from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
 from simulator.step.compute import load_framework
 from simulator.step.simulate import estimate, simulate
-from simulator.step.stagecosts import DDP_BUCKET_BYTES, SimOptions
+from simulator.step.stagecosts import SimOptions
+from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
 from simulator.validation.report import error_summary, rel_error
 
 CLUSTER_DIR = PRESET_DIR / "validation_clusters"
@@ -80,9 +92,6 @@ SC21_TABLE_1 = {
     (12288, 80): (2, 5, False), (16384, 96): (1, 3, False), (20480, 105): (1, 1, False),
     (25600, 128): (1, None, False),
 }
-#: DeepSpeed ZeRO-3 defaults (DeepSpeed configuration docs, ``zero_optimization``):
-#: ``stage3_prefetch_bucket_size`` 5e7 parameters, ``overlap_comm`` false.
-DEEPSPEED_PREFETCH_PARAMS = 5e7
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,13 +189,6 @@ def _num(value: str) -> float | None:
         return None
 
 
-def _year(row: dict) -> int | None:
-    # The latest 20xx year the source names (a paper's or commit's date); the notes may cite
-    # later work about an older run, so they do not count.
-    years = [int(y) for y in re.findall(r"\b(20[0-4]\d)\b", row["source"])]
-    return max(years) if years else None
-
-
 #: A mixture-of-experts row of published_benchmarks.csv names its experts or its expert
 #: parallelism in ``notes`` (the table's README); the dense reader does not model experts.
 _MOE = re.compile(r"num_experts|(?<![a-z_])ep\s*=")
@@ -244,34 +246,6 @@ def unsupported_reason(row: dict) -> str | None:
     return None
 
 
-def _family(row: dict) -> str:
-    """The framework family whose defaults fill a published row's missing settings: "mpt"
-    (llm-foundry), "bloom" (BigScience's Megatron-DeepSpeed), "megatron-deepspeed" (other
-    Megatron-DeepSpeed / DeepSpeed runs), "megatron-core" (Megatron-Core, NeMo, and any other
-    source from 2023 on: bf16, flash attention, overlapped communication) or "megatron"
-    (Megatron-LM up to 2022: fp16, unfused attention).
-
-    >>> _family({"source": "torchtitan README (2024)", "notes": ""})
-    'torchtitan'
-    >>> _family({"source": "Shoeybi et al. 2019 'Megatron-LM'", "notes": ""})
-    'megatron'
-    """
-    src = row["source"]
-    low = src.lower()
-    if "torchtitan" in low:
-        return "torchtitan"
-    if "llm-foundry" in low:
-        return "mpt"
-    if "bigscience" in low:
-        return "bloom"
-    if "deepspeed" in low:
-        return "megatron-deepspeed"
-    year = _year(row)
-    if "megatron-core" in low or "nemo" in low or (year is not None and year >= 2023):
-        return "megatron-core"
-    return "megatron"
-
-
 def _a100_40gb(row: dict) -> bool:
     # The row names the 40 GB part, or names no memory size on a 2020 DGX A100 (the 80 GB
     # DGX A100 shipped from November 2020).
@@ -286,17 +260,19 @@ GPU_CLUSTERS = ("dgx-a100", "dgx-a100-40gb", "pcie-a100", "jean-zay-a100", "dgx-
                 "dgx-h200", "dgx-b200")
 
 
-def gpu_cluster(row: dict, family: str) -> tuple[str, list[str]]:
+def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     """(cluster preset, flags) for the GPU a published row names in its ``gpu`` cell.
 
     H100 / H800 -> ``dgx-h100`` (SXM with NVSwitch and 8 x 400 Gb/s, flagged when the form
     factor is not stated), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
     ``dgx-a100-40gb`` (40 GB named, or a 2020 DGX A100 naming no size), ``pcie-a100`` (PCIe
-    named) or ``jean-zay-a100`` (Jean Zay, or a BLOOM row naming no site).
+    named) or ``jean-zay-a100`` (Jean Zay, or an A100 row naming no DGX whose framework
+    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). A GB200 row is refused: an NVL72
+    rack is not a DGX B200 node.
 
-    >>> gpu_cluster({"gpu": "H100 80GB SXM", "source": "x"}, "mpt")
+    >>> gpu_cluster({"gpu": "H100 80GB SXM", "source": "x"})
     ('dgx-h100', [])
-    >>> gpu_cluster({"gpu": "H100", "source": "x"}, "megatron-core")[1]
+    >>> gpu_cluster({"gpu": "H100", "source": "x"})[1]
     ['gpu=H100 SXM (form factor not stated)']
 
     Raises:
@@ -323,7 +299,7 @@ def gpu_cluster(row: dict, family: str) -> tuple[str, list[str]]:
         flags.append("gpu=A100 for A800 (same chip; NVLink 400 GB/s instead of 600)")
         gpu = gpu.replace("a800", "a100")
     if "a100" in gpu:
-        if "jeanzay" in gpu or (family == "bloom" and "dgx" not in gpu):
+        if "jeanzay" in gpu or (site == "jean-zay-a100" and "dgx" not in gpu):
             return "jean-zay-a100", flags
         if "pcie" in gpu:
             return "pcie-a100", flags
@@ -396,8 +372,10 @@ def _published_case(row: dict) -> RunCase:
     reason = unsupported_reason(row)
     if reason:
         raise PlanError(reason)
-    flags: list[str] = []
-    fam = _family(row)
+    fw, flags = pick_framework(row)
+    d, recipe_notes = fw.settings(row)
+    flags.append(f"framework={fw.name} (presets/frameworks/{fw.name}.yaml)")
+    flags += [f"{fw.name} {n}" for n in recipe_notes]
     h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
     kv = _num(row["kv_heads"])
     swiglu = _is_swiglu(row)
@@ -420,7 +398,7 @@ def _published_case(row: dict) -> RunCase:
         flags.append("activation=swiglu, norm=rmsnorm (Llama-family model)")
     vocab = _num(row["vocab"])
     if vocab is None:
-        vocab = 250680 if fam == "bloom" else 128256 if llama3 else 32000 if swiglu else 51200
+        vocab = d.get("vocab") or (128256 if llama3 else 32000 if swiglu else 51200)
         flags.append(f"vocab={vocab} (default)")
     tp, cp, pp, dp = _degrees(row, flags)
     gb = int(row["global_batch"])
@@ -431,7 +409,7 @@ def _published_case(row: dict) -> RunCase:
         mb = sc21[0]
         flags.append(f"micro_batch={mb} (examples/sc21/run_table_1.sh)")
     elif mb is None:
-        mb = gb // dp if "2020" in row["source"] else 1
+        mb = gb // dp if d["micro_batch"] == "per-gpu-batch" else int(d["micro_batch"])
         flags.append(f"micro_batch={int(mb)} (default)")
     rec = (row["recompute"] or "").strip().lower()
     if rec.startswith("selective"):
@@ -441,22 +419,20 @@ def _published_case(row: dict) -> RunCase:
     elif rec.startswith(("none", "no", "false", "off")):
         recompute = "none"
     else:
-        recompute = "none" if fam in ("megatron-core", "mpt") else \
-            "selective" if fam == "torchtitan" else "full"
-        flags.append(f"recompute={recompute} (default for {fam} rows)")
+        recompute = d["recompute"]
+        flags.append(f"recompute={recompute} (default for {fw.name} rows)")
     sp_cell = (row["sequence_parallel"] or "").strip().lower()
     if sp_cell in ("yes", "no", "true", "false", "on", "off"):
         sp = sp_cell in ("yes", "true", "on") and tp > 1
     else:
-        sp = fam in ("megatron-core", "torchtitan") and tp > 1
+        sp = bool(d["sequence_parallel"]) and tp > 1
         if tp > 1:
             flags.append(f"sequence_parallel={sp} (default)")
     z_cell = (row["zero_stage"] or "").strip()
     if z_cell:
         zero = _zero_stage(z_cell)
     else:
-        zero = {"megatron-core": 1, "bloom": 1, "megatron-deepspeed": 1,
-                "torchtitan": 3}.get(fam, 0)
+        zero = int(d["zero_stage"])
         if zero and dp > 1:
             flags.append(f"zero_stage={zero} (default)")
     vpp = _num(row["vpp"])
@@ -464,55 +440,56 @@ def _published_case(row: dict) -> RunCase:
     if vpp is None and sc21 and pp > 1:
         v = layers // pp // sc21[1] if sc21[1] else 1
         flags.append(f"virtual_stages={v} (examples/sc21/run_table_1.sh)")
-    elif vpp is None and pp > 1 and fam in ("megatron", "megatron-core"):
+    elif vpp is None and pp > 1 and d["interleave_flag"]:
         flags.append("no interleaving (default)")
     model = ModelSpec(name=row["model"], num_layers=layers, hidden=h, num_heads=a,
                       num_kv_heads=int(kv) if kv else a,
                       ffn_hidden=int(ffn) if ffn else 4 * h, vocab_size=int(vocab),
                       seq_len=int(row["seq_len"]), activation="swiglu" if swiglu else "gelu",
                       norm="rmsnorm" if swiglu else "layernorm")
-    deepspeed = fam in ("bloom", "megatron-deepspeed")
-    if deepspeed and pp > 1:
+    if d["stage_split"] == "deepspeed" and pp > 1:
         split = deepspeed_split(layers, pp)
         flags.append(f"stage_layers={list(split)} (DeepSpeed partition, embedding = 1 layer)")
     else:
         split = balanced_split(layers, pp * v)
         if split:
             flags.append(f"stage_layers={list(split)}")
-    old = fam in ("megatron", "bloom", "megatron-deepspeed")
-    overlap = sc21[2] if sc21 else not old
+    overlap = sc21[2] if sc21 else bool(d["overlap_dp"])
     if sc21:
         flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
                      " (examples/sc21/run_table_1.sh)")
-    dtype = "fp16" if fam in ("megatron", "megatron-deepspeed") else "bf16"
+    dtype = d["dtype"]
     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
                 stage_layers=split)
-    framework = {"bloom": "megatron-deepspeed", "megatron-deepspeed": "megatron-deepspeed",
-                 "mpt": "llm-foundry", "megatron-core": "megatron-core",
-                 "torchtitan": "torchtitan"}.get(fam, "megatron-lm")
-    async_tp = re.search(r"async[\s_-]*tp\s*(=\s*true|on)|tp mode=async|asynctp",
-                         row.get("notes", "").lower()) is not None
-    options = SimOptions(**load_framework(framework),
-                         attention="unfused" if old else
-                         "flash-triton" if fam == "mpt" else "flash",
-                         tp_comm_overlap=fam == "megatron-core" or async_tp,
-                         dp_bucket_bytes=DDP_BUCKET_BYTES if overlap and old else
-                         None if old else 40e6,
-                         blocking_p2p=fam not in ("mpt", "torchtitan"),
-                         zero3_unaggregated=fam == "megatron" and zero == 3,
-                         zero3_prefetch_params=DEEPSPEED_PREFETCH_PARAMS
-                         if fam == "megatron" and zero == 3 else None,
-                         zero3_overlap_reduce=not (fam == "megatron" and zero == 3),
-                         overlap_param_gather=fam == "megatron-core",
-                         p2p_scatter_gather=not deepspeed)
-    cluster, gpu_flags = gpu_cluster(row, fam)
+    options = framework_options(fw, d, overlap_dp=overlap)
+    cluster, gpu_flags = gpu_cluster(row, d.get("cluster"))
     flags += gpu_flags
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
                    overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
                    flags=tuple(flags))
+
+
+def framework_options(fw: Framework, settings: dict, *, overlap_dp: bool) -> SimOptions:
+    """The `SimOptions` of framework family ``fw`` with ``settings`` (its defaults with the
+    row's recipes applied, `Framework.settings`) and its fitted parameters (``fitted`` in
+    ``efficiency.yaml``); the gradient bucket applies only when the reduction overlaps the
+    backward (``overlap_dp``), else the stage's gradients go in one reduction.
+
+    >>> from simulator.validation.frameworks import framework
+    >>> fw = framework("deepspeed-zero")
+    >>> o = framework_options(fw, dict(fw.defaults), overlap_dp=False)
+    >>> o.zero3_prefetch_params, o.zero3_overlap_reduce, o.dp_bucket_bytes
+    (50000000.0, False, None)
+    """
+    values = {k: settings[k] for k in OPTION_KEYS}
+    if values["zero3_prefetch_params"] is not None:
+        values["zero3_prefetch_params"] = float(values["zero3_prefetch_params"])
+    bucket = settings["dp_bucket_bytes"]
+    return SimOptions(**load_framework(fw.fitted), **values,
+                      dp_bucket_bytes=float(bucket) if overlap_dp and bucket else None)
 
 
 def megatron_padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
@@ -539,11 +516,11 @@ def _vtrain_case(row: dict, index: int, prefix: str) -> RunCase:
                 global_batch=int(row["global batch"]), recompute="full", dtype="fp16",
                 stage_layers=split)
     gpus = int(row["# GPUs"])
+    fw = framework("megatron-deepspeed")
+    settings, _ = fw.settings({"source": "Megatron-DeepSpeed", "table": "vTrain ground truth"})
     return RunCase(id=f"{prefix}{index:03d}", model=model, plan=plan,
-                   cluster_name="vtrain-a100", nodes=math.ceil(gpus / 8),
-                   options=SimOptions(**load_framework("megatron-deepspeed"),
-                                      attention="unfused", dp_bucket_bytes=None,
-                                      blocking_p2p=True),
+                   cluster_name=settings["cluster"], nodes=math.ceil(gpus / 8),
+                   options=framework_options(fw, settings, overlap_dp=False),
                    overlap_dp=False,
                    reference_step_time_s=float(row["iteration time (ms)"]) / 1e3,
                    flags=(f"stage_layers={list(split)}",) if split else ())

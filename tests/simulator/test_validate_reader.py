@@ -7,7 +7,8 @@ import csv
 import pytest
 
 from planner.spec import PlanError
-from simulator.validation.validate import _family, gpu_cluster, read_runs, validate_runs
+from simulator.validation.frameworks import pick_framework
+from simulator.validation.validate import gpu_cluster, read_runs, validate_runs
 
 HEADER = ["id", "source", "table", "model", "params_b", "layers", "hidden", "heads",
           "kv_heads", "ffn_hidden", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "dp",
@@ -37,22 +38,23 @@ def _write(tmp_path, rows):
 
 
 def test_gpu_cell_picks_the_cluster():
-    assert gpu_cluster({"gpu": "H100 80GB", "source": ""}, "mpt")[0] == "dgx-h100"
-    assert gpu_cluster({"gpu": "H200 SXM", "source": ""}, "megatron-core")[0] == "dgx-h200"
-    assert gpu_cluster({"gpu": "A100 40GB", "source": ""}, "mpt")[0] == "dgx-a100-40gb"
-    assert gpu_cluster({"gpu": "A100 80GB PCIe", "source": ""}, "mpt")[0] == "pcie-a100"
-    assert gpu_cluster({"gpu": "A100 80GB (Jean Zay)", "source": ""}, "bloom")[0] == \
+    assert gpu_cluster({"gpu": "H100 80GB", "source": ""})[0] == "dgx-h100"
+    assert gpu_cluster({"gpu": "H200 SXM", "source": ""})[0] == "dgx-h200"
+    assert gpu_cluster({"gpu": "A100 40GB", "source": ""})[0] == "dgx-a100-40gb"
+    assert gpu_cluster({"gpu": "A100 80GB PCIe", "source": ""})[0] == "pcie-a100"
+    assert gpu_cluster({"gpu": "A100 80GB (Jean Zay)", "source": ""})[0] == \
         "jean-zay-a100"
     with pytest.raises(PlanError, match="V100"):
-        gpu_cluster({"gpu": "V100 32GB", "source": ""}, "megatron")
+        gpu_cluster({"gpu": "V100 32GB", "source": ""})
 
 
-def test_family_from_source_and_year():
-    assert _family({"source": "Meta, The Llama 3 Herd of Models (2024)", "notes": ""}) == \
-        "megatron-core"
-    assert _family({"source": "microsoft/Megatron-DeepSpeed examples", "notes": ""}) == \
+def test_family_from_source_not_year():
+    # A source naming no framework gets the fallback family, flagged, whatever its year.
+    fw, flags = pick_framework({"source": "Meta, The Llama 3 Herd of Models (2024)"})
+    assert fw.name == "megatron-core" and flags
+    assert pick_framework({"source": "microsoft/Megatron-DeepSpeed examples"})[0].name == \
         "megatron-deepspeed"
-    assert _family({"source": "Korthikanti et al. 2022", "notes": ""}) == "megatron"
+    assert pick_framework({"source": "Korthikanti et al. 2022"})[0].name == "megatron-lm"
 
 
 def test_same_run_on_h100_is_faster_than_on_a100(tmp_path):
