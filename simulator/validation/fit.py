@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.step.compute import Efficiency, load_efficiency, load_framework
+from simulator.validation.report import error_summary, rel_error
 from simulator.validation.validate import RunCase, predict, read_runs, validation_cluster
 
 #: The parameters fitted for ``efficiency.yaml`` (flash_fraction is a documented value).
@@ -127,6 +128,84 @@ def fit_efficiency(tables: Sequence[Sequence[RunCase]], start: Efficiency,
                    for n in free])
     eff, fw = build(nelder_mead(objective, x0, iters=iters))
     return eff, fw, [mape(t, eff, fast=True, **fw) for t in tables]
+
+
+#: Nelder-Mead iterations of each refit in `leave_one_source_out` (the tool's default; the
+#: full fit of ``efficiency.yaml`` used 300).
+LOSO_ITERS = 40
+
+
+def _figures(cases: Sequence[RunCase], eff: Efficiency, fw: dict[str, float]) -> dict:
+    rows = []
+    for case in cases:
+        fw_c = {k: v for k, v in fw.items() if getattr(case.options, k)}
+        pred = predict(dataclasses.replace(
+            case, options=dataclasses.replace(case.options, efficiency=eff, **fw_c)), fast=True)
+        rows.append({"id": case.id, "rel_error": rel_error(pred, case.reference_step_time_s),
+                     "predicted_step_time_s": pred,
+                     "reference_step_time_s": case.reference_step_time_s})
+    s = error_summary(rows)
+    return {"mape": s["mape"], "mean_error": s["mean_error"], "worst": s["worst"]}
+
+
+def leave_one_source_out(tables: Sequence[Sequence[RunCase]], device: str, *,
+                         iters: int = LOSO_ITERS) -> list[dict]:
+    """Per-source accuracy on ``device``, in-fit and held out (leave-one-source-out).
+
+    The free parameters (`FREE`) of ``device``'s efficiency entry are fitted with
+    `fit_efficiency` (the objective: mean over ``tables`` of each table's MAPE, closed form)
+    once on every row (in-fit), then once per source (`RunCase.source`: one paper or
+    repository) with that source's rows removed from every table; the held-out figures are
+    that source's rows predicted with the parameters fitted without them. Each refit starts
+    from the ``efficiency.yaml`` entry and runs ``iters`` Nelder-Mead iterations: with few
+    iterations the held-out figures are optimistic (that entry was fitted on every source);
+    ``iters=0`` gives the entry itself for both.
+
+    Returns one dict per source with rows on ``device``: ``{"device", "source", "rows",
+    "in_fit": {"mape", "mean_error", "worst": {"id", "rel_error"}}, "held_out": {...}}``,
+    errors as predicted / reference − 1. A source that is alone on the device has no
+    held-out figure (``held_out`` None): nothing is left to fit on.
+
+    Raises:
+        ValueError: no table has a row on ``device``.
+    """
+    on_device = [t for t in (cases_on_device(t, device) for t in tables) if t]
+    if not on_device:
+        raise ValueError(f"leave_one_source_out: no row runs on {device}")
+    start, start_fw = load_efficiency(device), load_framework("megatron-deepspeed")
+
+    def fit(tabs: list[list[RunCase]]) -> tuple[Efficiency, dict[str, float]]:
+        if iters <= 0:
+            return start, dict(start_fw)
+        eff, fw, _ = fit_efficiency(tabs, start, iters=iters, framework_start=start_fw)
+        return eff, fw
+
+    eff_all, fw_all = fit(on_device)
+    sources = sorted({c.source for t in on_device for c in t})
+    out = []
+    for src in sources:
+        held = [c for t in on_device for c in t if c.source == src]
+        rest = [r for r in ([c for c in t if c.source != src] for t in on_device) if r]
+        entry = {"device": device, "source": src, "rows": len(held),
+                 "in_fit": _figures(held, eff_all, fw_all), "held_out": None}
+        if rest:
+            eff_i, fw_i = fit(rest)
+            entry["held_out"] = _figures(held, eff_i, fw_i)
+        out.append(entry)
+    return out
+
+
+def fitted_devices(cases: Sequence[RunCase]) -> list[str]:
+    """The device profiles ``cases`` run on, one per distinct efficiency entry (a device
+    whose entry merges another's unchanged, a100-sxm-40gb into a100-sxm-80gb, is counted
+    under the last name in sorted order: a100-sxm-80gb, the entry's own name)."""
+    names = sorted({validation_cluster(c.cluster_name, c.nodes).device.name for c in cases},
+                   reverse=True)
+    out: list[str] = []
+    for name in names:
+        if not any(_same_entry(load_efficiency(name), load_efficiency(o)) for o in out):
+            out.append(name)
+    return sorted(out)
 
 
 def _print_fit(eff: Efficiency, fw: dict[str, float], names: Sequence[str],

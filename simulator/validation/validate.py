@@ -107,6 +107,33 @@ class RunCase:
     overlap_dp: bool
     reference_step_time_s: float
     flags: tuple[str, ...] = field(default=())
+    #: The paper or repository the run comes from (`source_key`), for per-source reports.
+    source: str = ""
+
+
+#: The vTrain ground-truth tables' source (both tables: one paper, one cluster).
+VTRAIN_SOURCE = "vTrain (Bang et al. 2024)"
+
+
+def source_key(source: str) -> str:
+    """The paper or repository a ``source`` cell names: the first ``owner/repository`` in
+    it, else the ``Author et al. YEAR`` it starts with, else the text before its first
+    parenthesis or quote. Rows of one repository (every release table of it) share a key.
+
+    >>> source_key("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md @b5bc")
+    'pytorch/torchtitan'
+    >>> source_key("Narayanan et al. 2021 (SC21) 'Efficient Large-Scale ...' arXiv:2104.04473")
+    'Narayanan et al. 2021'
+    >>> source_key("BigScience BLOOM-176B: bigscience-workshop/bigscience train/tr11/README.md")
+    'bigscience-workshop/bigscience'
+    """
+    repo = re.search(r"(?<![\w.:/-])([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)", source)
+    if repo and not repo.group(1).lower().startswith(("http", "docs.", "www.")):
+        return repo.group(1)
+    paper = re.match(r"\s*(.*?et al\.?,? \d{4})", source)
+    if paper:
+        return paper.group(1)
+    return re.split(r"[('\"]|\s+pages?\s+https?://", source, maxsplit=1)[0].strip() or source
 
 
 @lru_cache(maxsize=64)
@@ -469,7 +496,7 @@ def _published_case(row: dict) -> RunCase:
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
                    overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
-                   flags=tuple(flags))
+                   flags=tuple(flags), source=source_key(row["source"]))
 
 
 def framework_options(fw: Framework, settings: dict, *, overlap_dp: bool) -> SimOptions:
@@ -523,6 +550,7 @@ def _vtrain_case(row: dict, index: int, prefix: str) -> RunCase:
                    options=framework_options(fw, settings, overlap_dp=False),
                    overlap_dp=False,
                    reference_step_time_s=float(row["iteration time (ms)"]) / 1e3,
+                   source=VTRAIN_SOURCE,
                    flags=(f"stage_layers={list(split)}",) if split else ())
 
 
