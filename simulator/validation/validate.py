@@ -448,7 +448,8 @@ def _published_case(row: dict) -> RunCase:
     else:
         recompute = d["recompute"]
         flags.append(f"recompute={recompute} (default for {fw.name} rows)")
-    sp_cell = (row["sequence_parallel"] or "").strip().lower()
+    # The cell's first word: "True (torchtitan TP shards norms/sequence)" reads as True.
+    sp_cell = ((row["sequence_parallel"] or "").strip().lower().split() or [""])[0]
     if sp_cell in ("yes", "no", "true", "false", "on", "off"):
         sp = sp_cell in ("yes", "true", "on") and tp > 1
     else:

@@ -160,3 +160,12 @@ def test_shipped_table_every_row_is_simulated_or_skipped_with_reason():
         assert s["reason"]
     for c in cases:                         # every simulated row is dense bf16
         assert unsupported_reason(by_id[c.id]) is None and c.plan.dtype == "bf16"
+
+
+def test_sequence_parallel_cell_with_a_remark_is_read(tmp_path):
+    # n301's cell: "True (torchtitan TP)": given, so not flagged as a default.
+    row = _row(num_gpus=16, tp=8, dp=2, global_batch=4,
+               sequence_parallel="True (torchtitan TP)")
+    case = read_runs(_write(tmp_path, [row]))[0]
+    assert case.plan.sequence_parallel and not any("sequence_parallel" in f
+                                                   for f in case.flags)
