@@ -118,17 +118,23 @@ def _unaggregated_s(cluster: Cluster, nbytes: float, n: int) -> float:
 def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
                       options: SimOptions) -> tuple[float, float]:
     # (forward, backward) per-layer ZeRO-3 traffic: gather the weights; gather again and
-    # reduce-scatter the gradients.
+    # reduce-scatter the gradients. The weights travel in the plan dtype; the gradients in
+    # the reduction dtype, as for ZeRO 0-2 (`_dp_and_optimizer`): fp32 for bf16 unless the
+    # framework reduces in 16 bits (PyTorch FSDP MixedPrecision reduce_dtype; torchtitan's
+    # default mixed_precision_reduce = float32, Composer's PURE = bf16).
     shard = plan.dp_cp
     if plan.zero_stage != 3 or shard == 1:
         return 0.0, 0.0
-    nbytes = model.layer_params() / plan.tp * DTYPE_BYTES[plan.dtype]
+    d = DTYPE_BYTES[plan.dtype]
+    nbytes = model.layer_params() / plan.tp * d
+    gbytes = model.layer_params() / plan.tp * (options.grad_reduce_bytes
+                                               or (4 if plan.dtype == "bf16" else d))
     group = group_ranks(plan, "dp_cp", stage=rank)
     gather = collective_time_s(cluster, "all_gather", nbytes, group)
-    scatter = collective_time_s(cluster, "reduce_scatter", nbytes, group)
+    scatter = collective_time_s(cluster, "reduce_scatter", gbytes, group)
     if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
         gather = max(gather, _unaggregated_s(cluster, nbytes, shard))
-        scatter = max(scatter, _unaggregated_s(cluster, nbytes, shard))
+        scatter = max(scatter, _unaggregated_s(cluster, gbytes, shard))
     return gather, gather + scatter
 
 
