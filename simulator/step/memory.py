@@ -127,8 +127,30 @@ def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
     return extra
 
 
+def main_grad_bytes_per_param(dtype: str) -> tuple[int, int]:
+    """(gradient-buffer, optimizer-state) bytes per parameter of a framework that keeps fp32
+    main gradients (Megatron-LM / Megatron-Core DDP, DeepSpeed's fp16 / bf16 optimizers).
+
+    bf16: the gradients accumulate in an fp32 buffer (4) and the optimizer holds the fp32
+    master weights and both moments (12): 2 + 4 + 12 = 18 bytes with the 16-bit weights.
+    fp16: 16-bit gradients (2) and an fp32 copy of them in the optimizer with the master
+    weights and moments (16): 2 + 2 + 16 = 20. fp32: 4 + 4 + 8 = 16. With the distributed
+    optimizer (ZeRO-1) the optimizer part is divided by dp: 6 + 12/dp (bf16), 4 + 16/dp
+    (fp16), 8 + 8/dp (fp32) (Megatron-LM ``docs/source/api-guide/dist_optimizer.md``, the
+    bytes-per-parameter table; DeepSpeed ZeRO-0 fp16: 20).
+
+    >>> [2 + sum(main_grad_bytes_per_param(d)) for d in ("bf16", "fp16")]
+    [18, 20]
+    """
+    d = DTYPE_BYTES[dtype]
+    if d == 4:
+        return 4, 8
+    return (4, 12) if dtype == "bf16" else (d, 16)
+
+
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
-                     attention: str = "unfused") -> list[MemoryBreakdown]:
+                     attention: str = "unfused", *,
+                     fp32_main_grads: bool = False) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -141,6 +163,10 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
         overhead_bytes: fixed per-rank extra (framework context, buffers); 0 by default.
         attention: "unfused" (Korthikanti et al.'s score matrices) or a fused kernel
             ("flash", "flash-triton"; `layer_activation_bytes`).
+        fp32_main_grads: gradients and optimizer states as a framework with fp32 main
+            gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
+            parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
+            fp16 20); False: the ZeRO paper's 2 + 2 + 12.
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
@@ -153,11 +179,12 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
         z, shard = plan.zero_stage, plan.dp_cp
+        g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
+            (d, optimizer_bytes_per_param(plan.dtype))
         out.append(MemoryBreakdown(
             weights_bytes=params * d / (shard if z >= 3 else 1),
-            gradients_bytes=params * d / (shard if z >= 2 else 1),
-            optimizer_bytes=params * optimizer_bytes_per_param(plan.dtype)
-            / (shard if z >= 1 else 1),
+            gradients_bytes=params * g / (shard if z >= 2 else 1),
+            optimizer_bytes=params * o / (shard if z >= 1 else 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))
     return out

@@ -55,11 +55,13 @@ class StepPrediction:
 
 
 def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, compute: float,
-                comm: float, events: list[tuple], attention: str) -> StepPrediction:
+                comm: float, events: list[tuple], attention: str, *,
+                fp32_main_grads: bool = False) -> StepPrediction:
     # MFU / HFU (`planner.flops`) against the world's dense peak at the plan's dtype
     tokens_per_s = plan.global_batch * model.seq_len / step
     peak = cluster.device.peak(plan.dtype)
-    memory = memory_per_stage(model, plan, attention=attention)
+    memory = memory_per_stage(model, plan, attention=attention,
+                              fp32_main_grads=fp32_main_grads)
     return StepPrediction(
         step_time_s=step, compute_s=compute, comm_s=comm,
         bubble_s=max(0.0, step - compute - comm), tokens_per_s=tokens_per_s,
@@ -94,7 +96,8 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
                                    virtual_stages=plan.virtual_stages, trace=trace,
                                    overlap_dp=overlap_dp)
     return _prediction(model, plan, cluster, result.step_time_s, result.compute_s,
-                       result.comm_s, result.events, options.attention)
+                       result.comm_s, result.events, options.attention,
+                       fp32_main_grads=options.fp32_main_grads)
 
 
 def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
@@ -114,4 +117,5 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
     else:
         step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
                                                 plan.virtual_stages)
-    return _prediction(model, plan, cluster, step, compute, comm, [], options.attention)
+    return _prediction(model, plan, cluster, step, compute, comm, [], options.attention,
+                       fp32_main_grads=options.fp32_main_grads)

@@ -73,6 +73,9 @@ class SimOptions:
             (FSDP; DeepSpeed ``overlap_comm: true``); False: they block it (DeepSpeed's
             documented default ``overlap_comm: false``).
         efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
+        fp32_main_grads: the framework keeps fp32 main gradients (Megatron, DeepSpeed):
+            18 bytes of model state per parameter in bf16 instead of 16
+            (`simulator.step.memory.main_grad_bytes_per_param`).
     """
 
     attention: Attention = "flash"
@@ -87,6 +90,7 @@ class SimOptions:
     zero3_prefetch_params: float | None = None
     zero3_overlap_reduce: bool = True
     efficiency: Efficiency | None = None
+    fp32_main_grads: bool = False
 
 
 DEFAULT_OPTIONS = SimOptions()

@@ -42,11 +42,11 @@ REQUIRED = ("dtype", "attention", "recompute", "sequence_parallel", "zero_stage"
             "micro_batch", "interleave_flag", "stage_split", "tp_comm_overlap", "overlap_dp",
             "dp_bucket_bytes", "grad_reduce_bytes", "blocking_p2p", "p2p_scatter_gather",
             "overlap_param_gather", "zero3_unaggregated", "zero3_prefetch_params",
-            "zero3_overlap_reduce")
+            "zero3_overlap_reduce", "fp32_main_grads")
 #: `SimOptions` fields a family sets.
 OPTION_KEYS = ("attention", "tp_comm_overlap", "grad_reduce_bytes", "blocking_p2p",
                "p2p_scatter_gather", "overlap_param_gather", "zero3_unaggregated",
-               "zero3_prefetch_params", "zero3_overlap_reduce")
+               "zero3_prefetch_params", "zero3_overlap_reduce", "fp32_main_grads")
 
 
 def _matches(match: dict[str, list[str]], row: dict) -> bool:
