@@ -16,8 +16,16 @@ def matmul_params(model: ModelSpec) -> int:
     """Parameters that take part in a matrix multiply for every token.
 
     Every block matrix and the output projection (a (h, V) GEMM even when tied); the input
-    embedding is a table lookup and norms are elementwise, so neither counts.
+    embedding is a table lookup and norms are elementwise, so neither counts. For a
+    mixture-of-experts model only the *active* matrices count: per MoE block the top-k routed
+    experts, the shared experts and the router (h·E), the convention of Megatron-Core's
+    ``num_floating_point_operations`` (megatron/training/training.py: the MLP term uses
+    ``moe_ffn_hidden_size · moe_router_topk`` plus the shared-expert width, and the router
+    logits ``hidden · num_experts``), which is 6·N_active per token.
     """
+    if model.is_moe:
+        return sum(model.block_params(i, active=True, matmul_only=True)
+                   for i in range(model.num_layers)) + model.vocab_size * model.hidden
     return model.num_layers * model.layer_matmul_params() + model.vocab_size * model.hidden
 
 
@@ -42,8 +50,18 @@ def training_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> fl
 
 def attention_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
     """The attention term of `training_flops_per_token`: ``12·L·H·Q·T`` (PaLM appendix B),
-    the full (non-causal) score matrix, forward and backward."""
+    the full (non-causal) score matrix, forward and backward.
+
+    With multi-head latent attention the score GEMM runs on the q/k width (head_dim +
+    qk_rope_head_dim) and the value GEMM on v_head_dim, so the term is
+    ``6·L·H·(d_qk + d_v)·T``, which is 12·L·H·Q·T when both widths equal Q (Megatron-Core's
+    MLA branch of ``num_floating_point_operations`` counts the same two GEMMs).
+    """
     t = model.seq_len if seq_len is None else seq_len
+    if model.is_mla:
+        d_qk = model.head_dim + model.qk_rope_head_dim
+        d_v = model.v_head_dim or model.head_dim
+        return 6.0 * model.num_layers * model.num_heads * (d_qk + d_v) * t
     return 12.0 * model.num_layers * model.num_heads * model.head_dim * t
 
 

@@ -21,6 +21,7 @@ Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]
+Router = Literal["softmax", "sigmoid"]
 
 #: Bytes per element of each training dtype (tf32 is stored as fp32).
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -78,6 +79,24 @@ class ModelSpec:
         norm: "layernorm" (weight and bias) or "rmsnorm" (weight only).
         tied_embeddings: input embedding and output projection share one matrix.
         source: where the numbers come from (paper, config file).
+        attention_head_dim: head width when it is not hidden / num_heads (Qwen3, GPT-OSS);
+            0 means hidden / num_heads.
+        num_experts: routed experts of a mixture-of-experts (MoE) MLP; 0 is a dense model.
+        experts_per_token: routed experts each token visits (top-k).
+        moe_ffn_hidden: inner width of one expert (0 means ffn_hidden).
+        num_shared_experts: experts every token visits besides its top-k (DeepSeekMoE).
+        moe_first_dense_layers: leading blocks with a dense MLP (DeepSeek-V3: 3).
+        moe_layer_freq: every n-th block after those is MoE, the rest dense (1 = all).
+        router: gate score function, "softmax" (Mixtral, Qwen3) or "sigmoid" (DeepSeek-V3).
+        router_groups, router_group_topk: grouped (node-limited) top-k routing: experts in
+            ``router_groups`` groups, a token picks from its best ``router_group_topk`` groups
+            (DeepSeek-V3: 8 and 4); 1 and 1 mean plain top-k.
+        capacity_factor: expert capacity as a multiple of the balanced load, tokens beyond it
+            dropped (Fedus et al. 2021, Switch Transformer); None is dropless.
+        q_lora_rank, kv_lora_rank, qk_rope_head_dim, v_head_dim: multi-head latent attention
+            (DeepSeek-V2, Liu et al. 2024, §2.1): low-rank query / key-value compression, the
+            decoupled rope part of each query/key head and the value head width; MLA is on when
+            ``kv_lora_rank > 0``, and then ``attention_head_dim`` is the non-rope q/k part.
     """
 
     name: str
@@ -92,6 +111,21 @@ class ModelSpec:
     norm: Norm = "layernorm"
     tied_embeddings: bool = False
     source: str = ""
+    attention_head_dim: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn_hidden: int = 0
+    num_shared_experts: int = 0
+    moe_first_dense_layers: int = 0
+    moe_layer_freq: int = 1
+    router: Router = "softmax"
+    router_groups: int = 1
+    router_group_topk: int = 1
+    capacity_factor: float | None = None
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         _require_positive_int(
@@ -100,7 +134,8 @@ class ModelSpec:
         )
         _require_choice(self, "activation", Activation)
         _require_choice(self, "norm", Norm)
-        if self.hidden % self.num_heads:
+        _check_moe_fields(self)
+        if self.hidden % self.num_heads and not self.attention_head_dim:
             raise PlanError(
                 f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}; "
                 f"use num_heads in {divisors(self.hidden)}"
@@ -113,8 +148,8 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        """Width of one attention head, hidden / num_heads."""
-        return self.hidden // self.num_heads
+        """Width of one attention head, hidden / num_heads (or ``attention_head_dim``)."""
+        return self.attention_head_dim or self.hidden // self.num_heads
 
     @property
     def kv_hidden(self) -> int:
@@ -123,15 +158,25 @@ class ModelSpec:
 
     def layer_matmul_params(self) -> int:
         """Matrix parameters of one transformer block: QKV + output projection
-        h·(h + 2·kv_hidden) + h·h, and the MLP 2·h·ffn (GeLU) or 3·h·ffn (SwiGLU)."""
+        h·(h + 2·kv_hidden) + h·h, and the MLP 2·h·ffn (GeLU) or 3·h·ffn (SwiGLU).
+
+        For an MoE model this is the mean over blocks of the *active* matrices per token
+        (`moe_layer_matmul_params` with ``active=True``), so per-token costs stay
+        ``num_layers · layer_matmul_params()``.
+        """
+        if self.is_moe:
+            return self.moe_mean_layer_params(active=True, matmul_only=True)
         h = self.hidden
-        attn = h * (h + 2 * self.kv_hidden) + h * h
+        attn = self.attention_matmul_params()
         return attn + (3 if self.activation == "swiglu" else 2) * h * self.ffn_hidden
 
     def layer_params(self) -> int:
         """Parameters of one transformer block (biases omitted): its matrices
         (`layer_matmul_params`) and two norms, 2h (RMSNorm) or 4h (LayerNorm weight and bias).
+        For an MoE model: the mean over blocks of all parameters, every expert included.
         """
+        if self.is_moe:
+            return self.moe_mean_layer_params(active=False, matmul_only=False)
         return self.layer_matmul_params() + (4 if self.norm == "layernorm" else 2) * self.hidden
 
     def embedding_params(self) -> int:
@@ -145,12 +190,145 @@ class ModelSpec:
     def num_params(self) -> int:
         """All parameters: blocks, embedding, untied output projection and the final norm."""
         final_norm = (2 if self.norm == "layernorm" else 1) * self.hidden
+        if self.is_moe:
+            blocks = sum(self.block_params(i, active=False) for i in range(self.num_layers))
+            return blocks + self.embedding_params() + self.output_params() + final_norm
         return (self.num_layers * self.layer_params() + self.embedding_params()
                 + self.output_params() + final_norm)
+
+    # -- mixture of experts and multi-head latent attention ---------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether some blocks have a mixture-of-experts MLP (``num_experts > 0``)."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def expert_hidden(self) -> int:
+        """Inner width of one expert MLP: ``moe_ffn_hidden``, or ``ffn_hidden`` when 0."""
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether block ``index`` (0-based) has an MoE MLP: after the first
+        ``moe_first_dense_layers`` blocks, every ``moe_layer_freq``-th one (Megatron-Core's
+        ``--moe-layer-freq``; the DeepSeek-V3 ``first_k_dense_replace``).
+
+        >>> m = ModelSpec(name="x", num_layers=6, hidden=64, num_heads=4, num_kv_heads=4,
+        ...     ffn_hidden=128, vocab_size=100, seq_len=16, activation="swiglu",
+        ...     num_experts=4, experts_per_token=2, moe_first_dense_layers=1, moe_layer_freq=2)
+        >>> [m.is_moe_layer(i) for i in range(6)]
+        [False, True, False, True, False, True]
+        """
+        if not self.is_moe or index < self.moe_first_dense_layers:
+            return False
+        return (index - self.moe_first_dense_layers) % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Blocks with an MoE MLP."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def attention_matmul_params(self) -> int:
+        """Matrix parameters of one attention block.
+
+        Standard / grouped-query: Q and O h·(a·d) each, K and V h·(kv·d) each. MLA
+        (DeepSeek-V2 §2.1.2-2.1.3): W_DQ h·r_q and W_UQ r_q·a·(d+d_r) (or h·a·(d+d_r) with
+        no query compression), W_DKV+W_KR h·(r_kv+d_r), W_UK+W_UV r_kv·a·(d+d_v), W_O a·d_v·h.
+        """
+        h, a, d = self.hidden, self.num_heads, self.head_dim
+        if not self.is_mla:
+            return h * a * d * 2 + 2 * h * self.num_kv_heads * d
+        qk = d + self.qk_rope_head_dim
+        vd = self.v_head_dim or d
+        q = (h * self.q_lora_rank + self.q_lora_rank * a * qk) if self.q_lora_rank \
+            else h * a * qk
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * a * (d + vd)
+        return q + kv + a * vd * h
+
+    def expert_params(self) -> int:
+        """Matrix parameters of one expert MLP: 3·h·f_e (SwiGLU) or 2·h·f_e (GeLU)."""
+        return (3 if self.activation == "swiglu" else 2) * self.hidden * self.expert_hidden
+
+    def router_params(self) -> int:
+        """Router (gate) matrix of one MoE block: h·num_experts."""
+        return self.hidden * self.num_experts
+
+    def block_params(self, index: int, *, active: bool, matmul_only: bool = False) -> int:
+        """Parameters of block ``index``; ``active`` counts only what one token uses (top-k
+        routed experts plus shared experts plus router), else every expert.
+
+        Norms: two per block (plus the MLA latent norms) unless ``matmul_only``.
+        """
+        h = self.hidden
+        attn = self.attention_matmul_params()
+        if self.is_moe_layer(index):
+            routed = self.experts_per_token if active else self.num_experts
+            mlp = (routed + self.num_shared_experts) * self.expert_params() \
+                + self.router_params()
+        else:
+            mlp = (3 if self.activation == "swiglu" else 2) * h * self.ffn_hidden
+        if matmul_only:
+            return attn + mlp
+        norms = (4 if self.norm == "layernorm" else 2) * h
+        if self.is_mla:
+            norms += self.q_lora_rank + self.kv_lora_rank
+        return attn + mlp + norms
+
+    def moe_mean_layer_params(self, *, active: bool, matmul_only: bool) -> int:
+        """`block_params` averaged over the blocks (rounded down)."""
+        total = sum(self.block_params(i, active=active, matmul_only=matmul_only)
+                    for i in range(self.num_layers))
+        return total // self.num_layers
+
+    def active_params(self) -> int:
+        """Parameters one token uses: the blocks' active parameters (`block_params` with
+        ``active=True``), embedding, untied output projection and final norm."""
+        final_norm = (2 if self.norm == "layernorm" else 1) * self.hidden
+        blocks = sum(self.block_params(i, active=True) for i in range(self.num_layers))
+        return blocks + self.embedding_params() + self.output_params() + final_norm
 
     def replace(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def _check_moe_fields(m: ModelSpec) -> None:
+    """Validate the MoE / MLA fields of a `ModelSpec` (raises `PlanError` naming the field)."""
+    for name in ("attention_head_dim", "num_experts", "experts_per_token", "moe_ffn_hidden",
+                 "num_shared_experts", "moe_first_dense_layers", "q_lora_rank",
+                 "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+        value = getattr(m, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PlanError(f"{name}={value!r} must be a non-negative integer")
+    _require_positive_int(m, "moe_layer_freq", "router_groups", "router_group_topk")
+    _require_choice(m, "router", Router)
+    if m.num_experts:
+        if not 1 <= m.experts_per_token <= m.num_experts:
+            raise PlanError(f"experts_per_token={m.experts_per_token} must be in "
+                            f"1..num_experts={m.num_experts}")
+        if m.num_experts % m.router_groups or m.router_group_topk > m.router_groups:
+            raise PlanError(f"router_groups={m.router_groups} must divide num_experts="
+                            f"{m.num_experts} and be >= router_group_topk="
+                            f"{m.router_group_topk}")
+        if m.moe_first_dense_layers >= m.num_layers:
+            raise PlanError(f"moe_first_dense_layers={m.moe_first_dense_layers} leaves no MoE "
+                            f"block of num_layers={m.num_layers}; use fewer, or num_experts=0")
+    elif m.experts_per_token or m.num_shared_experts:
+        raise PlanError(f"experts_per_token={m.experts_per_token} / num_shared_experts="
+                        f"{m.num_shared_experts} need num_experts > 0 (num_experts=0 given)")
+    if m.capacity_factor is not None:
+        cf = m.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf <= 0:
+            raise PlanError(f"capacity_factor={cf!r} must be a positive number or None "
+                            f"(dropless)")
+    if (m.q_lora_rank or m.qk_rope_head_dim or m.v_head_dim) and not m.kv_lora_rank:
+        raise PlanError("q_lora_rank / qk_rope_head_dim / v_head_dim are multi-head latent "
+                        "attention fields and need kv_lora_rank > 0 (0 given)")
 
 
 def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
