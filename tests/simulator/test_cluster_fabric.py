@@ -38,8 +38,9 @@ def test_every_node_type_builds_two_nodes(tmp_path, node_type):
     spec = {"kind": "gpu", "node_type": node_type, "nodes": 2,
             "fabric": {"switch_radix": 64}}
     cluster = load_cluster(_write(tmp_path, spec))
-    assert cluster.num_devices == 16 and nx.is_connected(cluster.graph)
-    assert cluster.link(0, 8).hops >= 4
+    dpn = cluster.devices_per_node
+    assert cluster.num_devices == 2 * dpn and nx.is_connected(cluster.graph)
+    assert cluster.link(0, dpn).hops >= 4
 
 
 def test_user_file_fields_are_applied(tmp_path):
