@@ -150,6 +150,12 @@ def cmd_topo(args: argparse.Namespace) -> int:
                              if info["intra_bandwidth_Bps"] and info["nics_per_node"] else "")
     lines = [("intra-node", intra + (", in-switch reduction"
                                      if info["in_switch_reduction"] else ""))]
+    if info["nvlink_domain_size"] > 1:
+        trays = (f", {info['compute_trays']} compute trays x "
+                 f"{info['devices_per_node'] // info['compute_trays']} GPUs"
+                 if info["compute_trays"] > 1 else "")
+        lines += [("NVLink", f"domain of {info['nvlink_domain_size']} GPUs{trays}; "
+                   f"{info['devices'] // info['nvlink_domain_size']} domain(s)")]
     if info["nics_per_node"]:
         lines += [("NICs", f"{info['nics_per_node']} per node x "
                    f"{info['nic_bandwidth_Bps'] * 8 / 1e9:g} Gb/s {info['transport']}"),

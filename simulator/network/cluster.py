@@ -162,6 +162,14 @@ class Cluster:
     #: localhost-cpu: the calibrated profile in use (None: the preset's generic costs).
     cpu_profile: CpuProfile | None = field(default=None, compare=False, repr=False)
     _links: dict = field(default_factory=dict, compare=False, repr=False)
+    #: compute trays per node (18 in an NVL72 rack, 1 in an 8-GPU server).
+    compute_trays: int = 1
+
+    @property
+    def nvlink_domain_size(self) -> int:
+        """GPUs that reach each other over NVLink: the node when its GPUs share an NVSwitch
+        fabric (8 in a DGX, 72 in an NVL72 rack), else 1."""
+        return self.devices_per_node if self.intra_kind == "nvswitch" else 1
 
     @property
     def num_devices(self) -> int:
@@ -313,6 +321,24 @@ def default_comm_model(device: DeviceProfile) -> CommModel:
                      ll128_bandwidth_fraction=proto["ll128"]["bandwidth_fraction"])
 
 
+def _nvlink_domain(spec: dict, per_node: int, name: str) -> int:
+    """``devices_per_node`` after a cluster file's ``nvlink_domain_size`` (the GPUs of one
+    NVSwitch fabric, which this model treats as one node).
+
+    Raises:
+        PlanError: ``nvlink_domain_size`` is not a positive int, or disagrees with an explicit
+            ``devices_per_node``.
+    """
+    if "nvlink_domain_size" not in spec:
+        return per_node
+    size = check_positive_int("nvlink_domain_size", spec["nvlink_domain_size"], name)
+    if "devices_per_node" in spec and spec["devices_per_node"] != size:
+        raise PlanError(f"cluster {name!r}: nvlink_domain_size={size} != devices_per_node="
+                        f"{spec['devices_per_node']}; one NVLink domain is one node here, so "
+                        f"give one of the two")
+    return size
+
+
 def _merged(base: dict, override: dict) -> dict:
     return {**base, **override}
 
@@ -335,6 +361,7 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                           if nodes is None else nodes, name)
     per_node = check_positive_int("devices_per_node", spec.get("devices_per_node",
                                                           base["devices_per_node"]), name)
+    per_node = _nvlink_domain(spec, per_node, name)
     device_name = spec.get("device", base["device"])
     if profile is None and device_name not in device_names():
         raise PlanError(f"cluster {name!r}: device={device_name!r} is not one of "
@@ -378,6 +405,7 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                    nodes_per_pod=fab.nodes_per_pod, pod_uplink_Bps=fab.pod_uplink_Bps,
                    spines=fab.spines if fab.tiers > 1 else 0,
                    comm=default_comm_model(device),
+                   compute_trays=int(spec.get("compute_trays", base.get("compute_trays", 1))),
                    source="; ".join(s for s in sources if s))
 
 

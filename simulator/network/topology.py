@@ -53,6 +53,8 @@ def summary(cluster: Cluster) -> dict:
         "name": cluster.name, "node_type": cluster.node_type or None,
         "device": cluster.device.name, "nodes": cluster.num_nodes,
         "devices_per_node": cluster.devices_per_node, "devices": cluster.num_devices,
+        "nvlink_domain_size": cluster.nvlink_domain_size,
+        "compute_trays": cluster.compute_trays,
         "intra": cluster.intra_kind, "intra_bandwidth_Bps": _finite(cluster.intra_bandwidth_Bps),
         "in_switch_reduction": cluster.in_switch_reduction,
         "nics_per_node": cluster.nics_per_node, "nic_bandwidth_Bps": cluster.nic_bandwidth_Bps,

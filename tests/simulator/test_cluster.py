@@ -48,8 +48,8 @@ def test_device_peak_names_missing_dtype():
 
 
 def test_unknown_cluster_names_the_choices():
-    with pytest.raises(PlanError, match=r"cluster='dgx-b300' is neither a preset \(\['dgx-a100'"):
-        load_cluster("dgx-b300")
+    with pytest.raises(PlanError, match=r"cluster='dgx-x900' is neither a preset \(\['dgx-a100'"):
+        load_cluster("dgx-x900")
 
 
 @pytest.mark.parametrize("nodes", [0, -2, 1.5, True])

@@ -35,11 +35,13 @@ def test_datasheet_numbers_of_new_devices():
 
 @pytest.mark.parametrize("node_type", node_type_names())
 def test_every_node_type_builds_two_nodes(tmp_path, node_type):
+    # A fat-tree leaf takes all NICs of a node: an NVL72 rack's 72 NICs need radix >= 144.
     spec = {"kind": "gpu", "node_type": node_type, "nodes": 2,
-            "fabric": {"switch_radix": 64}}
+            "fabric": {"switch_radix": 144 if node_type.endswith("nvl72") else 64}}
     cluster = load_cluster(_write(tmp_path, spec))
-    assert cluster.num_devices == 16 and nx.is_connected(cluster.graph)
-    assert cluster.link(0, 8).hops >= 4
+    dpn = cluster.devices_per_node
+    assert cluster.num_devices == 2 * dpn and nx.is_connected(cluster.graph)
+    assert cluster.link(0, dpn).hops >= 4
 
 
 def test_user_file_fields_are_applied(tmp_path):
