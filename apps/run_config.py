@@ -97,7 +97,17 @@ def check_run_args(args) -> None:
         raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
     if args.data is not None and not Path(args.data).is_file():
         raise PlanError(f"--data file {args.data!r} does not exist")
-    if (problem := fault_args_error(config, world=pf.plan.world_size)) is not None:
+    if args.data is not None:
+        from runtime.data import read_corpus
+        try:
+            read_corpus(args.data, pf.model.seq_len)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
+    from runtime.train import cluster_block_error
+    if (problem := cluster_block_error(pf)) is not None:
+        raise PlanError(problem)
+    if (problem := fault_args_error(config, world=pf.plan.world_size,
+                                    global_batch=pf.plan.global_batch)) is not None:
         raise PlanError(problem)
     if args.resume is not None:
         args.resume = str(resume_folder(args.resume))   # a run folder: its checkpoints/

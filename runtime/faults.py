@@ -228,10 +228,13 @@ def corrupt_file(path: Path, *, offset_fraction: float = 0.5, count: int = 64) -
     path.write_bytes(bytes(data))
 
 
-def faults_error(specs, *, steps: int, world: int | None = None) -> str | None:
+def faults_error(specs, *, steps: int, world: int | None = None,
+                 checkpoint_every: int | None = None) -> str | None:
     """The first problem with fault ``specs`` (``--inject`` or a plan file's ``faults:``), or
     None: a spec does not parse, names a rank the job does not have (when ``world``, its world
-    size, is given), or fires after the last step (``steps``)."""
+    size, is given), fires after the last step (``steps``), or damages the checkpoint of a step
+    that never checkpoints (when ``checkpoint_every`` is given: checkpoints are written after
+    every K-th step and after the last)."""
     try:
         faults = parse_faults(specs)
     except ValueError as exc:
@@ -243,6 +246,14 @@ def faults_error(specs, *, steps: int, world: int | None = None) -> str | None:
             return (f"--inject {fault.spec}: step={fault.step} is beyond --steps {steps}, so "
                     f"it would never fire; use a step from 1 to {steps}, or --steps "
                     f"{fault.step} or more")
+        if fault.kind == "corrupt-checkpoint" and checkpoint_every is not None and not (
+                checkpoint_every and (fault.step % checkpoint_every == 0
+                                      or fault.step == steps)):
+            when = (f"--checkpoint-every {checkpoint_every} checkpoints steps "
+                    f"{checkpoint_every}, {2 * checkpoint_every}, ... and {steps}"
+                    if checkpoint_every else "no --checkpoint-every K: no step checkpoints")
+            return (f"--inject {fault.spec}: step {fault.step} writes no checkpoint ({when}), "
+                    "so it would never fire; damage a step that checkpoints")
     return None
 
 

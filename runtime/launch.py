@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -112,7 +113,11 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         errors = list(dict.fromkeys(error_lines))
         # the output was echoed already unless quiet; the last line says what to do next
         hint = failure_hint(list(tail), plan_file_path, out_dir, steps, max_restarts,
-                            fired=fired, input_error=bool(errors))
+                            fired=fired, input_error=bool(errors),
+                            resume_flags=resume_flags(
+                                data=data, checkpoint_every=checkpoint_every, keep=keep,
+                                collective_timeout_s=collective_timeout_s, on_nan=on_nan,
+                                max_restarts=max_restarts))
         raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
                            + "".join(errors)
                            + ("last output:\n" + "".join(tail) if quiet else "")
@@ -147,8 +152,25 @@ def failed_rank(lines: list[str]) -> tuple[int, str] | None:
     return None if rank is None or code is None else (rank, code)
 
 
+def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
+                 collective_timeout_s: float | None = None, on_nan: str = "stop",
+                 max_restarts: int = 0) -> list[str]:
+    """The ``meshplan run`` flags a resume command repeats: the data and every fault-tolerance
+    option of the run (not ``--inject``: injected faults are part of a test, and the ones that
+    fired are recorded as done in the run folder anyway).
+
+    >>> resume_flags(checkpoint_every=3, collective_timeout_s=10.0, max_restarts=2)
+    ['--checkpoint-every', '3', '--timeout-s', '10.0', '--max-restarts', '2']
+    """
+    flags = ["--data", str(data)] if data is not None else []
+    flags += fault_cli_args(checkpoint_every=checkpoint_every, keep=keep,
+                            timeout_s=collective_timeout_s, on_nan=on_nan)
+    return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])
+
+
 def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_restarts: int,
-                 *, fired: list[str] = (), input_error: bool = False) -> str | None:
+                 *, fired: list[str] = (), input_error: bool = False,
+                 resume_flags: list[str] = ()) -> str | None:
     """The last line of a failed run's error: which rank failed, after which step, and how to
     go on (``--resume OUT/checkpoints`` when the run left a checkpoint); None for an input
     error (its own one-line errors say it all).
@@ -156,6 +178,7 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     Args:
         lines: the run's last lines of output (torchrun's failure report among them).
         fired: the run's ``meshplan fault: SPEC fired (rank R)`` lines (injected faults).
+        resume_flags: flags the resume command repeats (`resume_flags`).
     """
     if input_error:
         return None
@@ -176,7 +199,8 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     if checkpoints:
         text += (f"; newest checkpoint {checkpoints[-1]}: resume with `meshplan run "
                  f"{plan_file_path} --steps {steps} --out {out} --resume "
-                 f"{out / 'checkpoints'}`")
+                 f"{out / 'checkpoints'}"
+                 + "".join(f" {shlex.quote(flag)}" for flag in resume_flags) + "`")
         if not max_restarts:
             text += " (or add --max-restarts N to restart automatically)"
     else:

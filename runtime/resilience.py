@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import shutil
 import statistics
 import time
@@ -38,27 +39,87 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoint import CheckpointManager, list_checkpoints, rng_state, set_rng_state
+from runtime.checkpoint import (
+    CheckpointManager,
+    list_checkpoints,
+    load_extra,
+    rng_state,
+    saved_world_size,
+    set_rng_state,
+    verify,
+)
 from runtime.config import TrainConfig
 from runtime.faults import Injector, faults_error, parse_faults, plan_file_faults
 
 
-def fault_args_error(config: TrainConfig, world: int | None = None) -> str | None:
+def fault_args_error(config: TrainConfig, world: int | None = None,
+                     global_batch: int | None = None) -> str | None:
     """The first problem with the fault options that needs the launch (checked before any
-    collective), or None: a fault of ``--inject`` or of the plan file's ``faults:`` list that
-    names a rank the job does not have, a plan-file fault that does not parse or fires after
-    the last step, or a ``--resume`` folder without checkpoints. The options' own values are
+    collective, by ``meshplan run`` before torchrun starts and by every worker), or None: a
+    fault of ``--inject`` or of the plan file's ``faults:`` list that names a rank the job does
+    not have, a plan-file fault that does not parse or fires after the last step, a checkpoint
+    folder that cannot be written (`checkpoint_folder_error`), or a ``--resume`` folder
+    without checkpoints, whose every checkpoint is damaged, or whose newest valid checkpoint
+    was trained with another global batch (`resume_error`). The options' own values are
     checked when the `TrainConfig` is built (`runtime.faults.fault_flags_error`).
 
-    ``world`` is the job's world size (default: this process's ``WORLD_SIZE``)."""
+    ``world`` is the job's world size (default: this process's ``WORLD_SIZE``);
+    ``global_batch`` the plan's (None: not checked)."""
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
-    problem = faults_error(all_fault_specs(config), steps=config.steps, world=world)
-    if problem is None and config.resume is not None:
+    problem = faults_error(all_fault_specs(config), steps=config.steps, world=world,
+                           checkpoint_every=config.checkpoint_every)
+    if problem is None and (config.checkpoint_every or config.resume is not None):
+        folder = config.checkpoint_dir or Path(config.out_dir) / "checkpoints"
+        problem = checkpoint_folder_error(folder)
+    # a restart resumes its own checkpoints; the --resume folder was checked by attempt 0
+    if problem is None and config.resume is not None and attempt_number() == 0:
         try:
-            resume_folder(config.resume)
+            problem = resume_error(resume_folder(config.resume), global_batch)
         except ValueError as exc:
             return str(exc)
     return problem
+
+
+def checkpoint_folder_error(folder: str | os.PathLike) -> str | None:
+    """Why checkpoints cannot be written into ``folder``, or None: it is created if missing
+    and a probe file is written and removed (a real write: permission bits say nothing to
+    root, and a read-only mount or a file in the way only shows on writing)."""
+    folder = Path(folder)
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return (f"checkpoint folder {str(folder)!r} cannot be written ({exc.strerror or exc}); "
+                "make it writable, or give a writable run folder with --out")
+    return None
+
+
+def resume_error(folder: Path, global_batch: int | None = None) -> str | None:
+    """Why the checkpoints of ``folder`` cannot be resumed, or None: every one of them fails
+    its checksums (`runtime.checkpoint.verify`), so a resume would silently start from step
+    0; or the newest valid one was trained with another global batch than ``global_batch``
+    (step k trains on samples [k·B, (k+1)·B), so another B skips or repeats samples)."""
+    damaged = []
+    for candidate in list_checkpoints(folder):
+        if (problem := verify(candidate)) is not None:
+            damaged.append(f"{candidate.name}: {problem}")
+            continue
+        try:
+            extra = load_extra(candidate, 0, saved_world_size(candidate))
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+            damaged.append(f"{candidate.name}: extra_rank0.pt does not load ({exc})")
+            continue
+        saved = extra.get("global_batch", global_batch)
+        if global_batch is not None and saved != global_batch:
+            return (f"--resume {str(folder)!r}: checkpoint {candidate.name} was trained with "
+                    f"global_batch={saved}, this plan has global_batch={global_batch}; resume "
+                    f"with a plan of global_batch={saved} (any tp, pp, dp and micro-batch that "
+                    "divide it), or start a new run without --resume")
+        return None
+    return (f"--resume {str(folder)!r}: every checkpoint is damaged ({'; '.join(damaged)}); "
+            "nothing to resume from: start a new run without --resume")
 
 
 def resume_folder(path: str | os.PathLike) -> Path:
@@ -111,7 +172,7 @@ class Resilience:
         self.config, self.modules, self.batches, self.dp = config, modules, batches, dp
         self.rank = dist.get_rank()
         self.out = Path(config.out_dir)
-        self.attempt = attempt_number()
+        self.restart = attempt_number()      # torchrun's restart count of this launch
         self.dp_rank = mesh["dp"].get_local_rank()
         self.mesh_shape = {axis: mesh[axis].size() for axis in ("pp", "dp", "tp")}
         # one writer per DP rank: its first TP peer of the first pipeline stage
@@ -119,18 +180,20 @@ class Resilience:
             mesh["pp"].get_local_rank() == 0
         self.ckpt_dir = Path(config.checkpoint_dir or self.out / "checkpoints")
         self.events = self.out / "faults" / "events.jsonl"
+        # a resume into the run folder that wrote the checkpoint continues that job's records
+        self.continues_job = config.resume is not None and \
+            Path(config.resume).resolve() == self.ckpt_dir.resolve()
+        self.attempt = 0              # the job's attempt number, across launches (rank 0)
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            if self.attempt == 0:
+            if self.restart == 0 and not self.continues_job:
                 shutil.rmtree(self.out / "faults", ignore_errors=True)
                 shutil.rmtree(self.out / "consumed", ignore_errors=True)
                 # a new job starts a clean OUT/checkpoints (never a --checkpoint-dir's content)
-                default_dir = config.checkpoint_dir is None
-                resumes_here = config.resume is not None and \
-                    Path(config.resume).resolve() == self.ckpt_dir.resolve()
-                if default_dir and not resumes_here:
+                if config.checkpoint_dir is None:
                     shutil.rmtree(self.ckpt_dir, ignore_errors=True)
-            self._event("attempt_start")
+            self.attempt = next_attempt(self._read_events())
+            self._event("attempt_start", launch_restart=self.restart)
         dist.barrier()
         self.injector = Injector(parse_faults(all_fault_specs(config)), self.rank, self.out)
         self.checkpoints = None
@@ -203,7 +266,7 @@ class Resilience:
             caller appends its new records to that list.
         """
         source = None
-        if self.attempt > 0 and list_checkpoints(self.ckpt_dir):
+        if self.restart > 0 and list_checkpoints(self.ckpt_dir):
             source = self.ckpt_dir
         elif self.config.resume is not None:
             source = Path(self.config.resume)
@@ -215,9 +278,12 @@ class Resilience:
         if extra is not None:
             self._restore_position(step, extra)
         self.done = step
-        self._trim("metrics.jsonl", step, rank0=True)
+        # the job's own records up to the checkpoint; a new job (a fresh start, or a resume
+        # from another run's checkpoint) starts empty records
+        kept = step if self.restart > 0 or self.continues_job else 0
+        self._trim("metrics.jsonl", kept, rank0=True)
         if self.writes_consumed:
-            self._trim(f"consumed/dp{self.dp_rank}.jsonl", step)
+            self._trim(f"consumed/dp{self.dp_rank}.jsonl", kept)
         if self.rank == 0:
             path = self.out / "metrics.jsonl"
             self.records = [json.loads(x) for x in path.read_text().splitlines() if x]
@@ -334,10 +400,23 @@ class Resilience:
 
     # -- summary ----------------------------------------------------------------------------
     def summary_fields(self) -> dict:
-        """The job-level keys of ``summary.json`` (rank 0; see the module docstring)."""
+        """The job-level keys of ``summary.json`` (rank 0; see the module docstring); logs
+        that this attempt finished."""
+        self._event("finished", step=self.done)
         return job_accounting(self._read_events(), self.records) | {
             "skipped_steps": self.skipped_steps, "checkpoint_fallbacks": self.fallbacks,
             "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.config))]}
+
+
+def next_attempt(events: list[dict]) -> int:
+    """The job-wide number of a new attempt: one more than the highest attempt in the job's
+    ``events`` (0 for a new job). A torchrun restart and a ``--resume`` into the same run
+    folder both start a new attempt, so attempt numbers never repeat within a job.
+
+    >>> next_attempt([]), next_attempt([{"attempt": 0}, {"attempt": 2}])
+    (0, 3)
+    """
+    return max((e["attempt"] for e in events), default=-1) + 1
 
 
 def resumed_rng_seed(seed: int, step: int, rank: int) -> int:
@@ -377,7 +456,11 @@ def job_accounting(events: list[dict], records: list[dict]) -> dict:
     """Restarts, steps and wall time lost, checkpoint costs and goodput from ``events.jsonl``.
 
     ``goodput`` is the kept steps' step time over the job's wall time (from the first attempt's
-    training start to the last step).
+    training start to the last step), at most 1: the kept steps ran inside that span (each
+    step's record is timed after its "resumed" event and before its "step" event; the bound
+    only absorbs clock rounding). A ``--resume`` into the same run folder is one more attempt
+    of the same job (`next_attempt`), so it counts as a restart and its wall time includes the
+    time the job stood still.
     """
     step_end = {}                       # step -> end time of the attempt that kept it
     resumes = [e for e in events if e["event"] == "resumed"]
@@ -385,9 +468,11 @@ def job_accounting(events: list[dict], records: list[dict]) -> dict:
     for e in events:
         if e["event"] == "step":
             last_done[e["attempt"]] = e["step"]
+    finished = {e["attempt"] for e in events if e["event"] == "finished"}
     for prev, cur in zip(resumes, resumes[1:], strict=False):
         done = last_done.get(prev["attempt"], prev["from_step"])
-        steps_lost += done + 1 - cur["from_step"]
+        # an interrupted attempt also lost the step it was in; a finished one lost nothing
+        steps_lost += done + (prev["attempt"] not in finished) - cur["from_step"]
         base = next((e["time_unix_s"] for e in reversed(events)
                      if e["event"] == "step" and e["step"] == cur["from_step"]
                      and e["time_unix_s"] < cur["time_unix_s"]), resumes[0]["time_unix_s"])
@@ -408,4 +493,5 @@ def job_accounting(events: list[dict], records: list[dict]) -> dict:
                 for prev, cur in zip(resumes, resumes[1:], strict=False)],
             "checkpoints": len(blocking),
             "checkpoint_blocking_s": statistics.median(blocking) if blocking else None,
-            "useful_time_s": useful, "goodput": useful / wall if wall > 0 else None}
+            "useful_time_s": useful,
+            "goodput": min(1.0, useful / wall) if wall > 0 else None}

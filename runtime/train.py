@@ -158,12 +158,26 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
                         f"process(es) were started; "
                         f"launch with --nproc-per-node {plan.world_size}")
     check_plan(model, plan)
+    if (problem := cluster_block_error(pf)) is not None:
+        raise PlanError(problem)
     if plan.sequence_parallel and model.seq_len % plan.tp:
         raise PlanError(f"sequence_parallel shards seq_len={model.seq_len} over tp={plan.tp}, "
                         f"which does not divide it; use seq_len a multiple of {plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
     return pf, read_corpus(config.data, model.seq_len)
+
+
+def cluster_block_error(pf: PlanFile) -> str | None:
+    """The plan file's ``cluster`` block disagrees with its plan, or None: a localhost block
+    whose ``ranks`` is not the plan's world size tp·pp·dp (the plan was predicted for another
+    number of processes, so its prediction and MFU would describe another job)."""
+    ranks, world = pf.cluster.ranks, pf.plan.world_size
+    if pf.cluster.is_localhost and ranks is not None and ranks != world:
+        return (f"plan file: cluster {pf.cluster.name!r} has ranks={ranks}, but plan "
+                f"{pf.plan.id} has world_size {pf.plan.degrees} = {world}; write the plan "
+                f"again with `meshplan plan` (or set cluster.ranks to {world})")
+    return None
 
 
 def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str = "sdpa"
@@ -376,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_args(argv)
         pf, tokens = check_inputs(config)
-        if (problem := fault_args_error(config)) is not None:
+        if (problem := fault_args_error(config, global_batch=pf.plan.global_batch)) is not None:
             raise ValueError(problem)
         if config.resume is not None:              # a run folder: its checkpoints/
             config = dataclasses.replace(config, resume=str(resume_folder(config.resume)))

@@ -38,9 +38,17 @@ def run_plan_calls(monkeypatch):
 
 def previous_run(tmp_path, *steps):
     """A run folder whose checkpoints/ holds checkpoints of ``steps``."""
+    import torch
+
+    from runtime.checkpoint import write_manifest
     folder = tmp_path / "previous"
     for step in steps:
-        (folder / "checkpoints" / f"step{step:08d}").mkdir(parents=True)
+        checkpoint = folder / "checkpoints" / f"step{step:08d}"
+        checkpoint.mkdir(parents=True)
+        # the job-wide fields a resume checks (global batch 8: the tiny plan's)
+        torch.save({"step": step, "global_batch": 8, "global_samples_consumed": 8 * step},
+                   checkpoint / "extra_rank0.pt")
+        write_manifest(checkpoint, step)          # it verifies, as a finished save does
     folder.mkdir(exist_ok=True)
     return folder
 

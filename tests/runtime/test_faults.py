@@ -190,7 +190,7 @@ def test_failed_run_ends_with_the_resume_command_and_resumes_from_its_folder(
     last = str(info.value).splitlines()[-1]
     assert last.startswith("meshplan run: rank 1 failed after step 6 of 10 (exit code -9, "
                            "SIGKILL; injected fault kill:rank=1,step=7)")
-    assert f"--resume {first / 'checkpoints'}`" in last
+    assert f"--resume {first / 'checkpoints'} --checkpoint-every 3 --timeout-s 10.0`" in last
     # --resume takes the run folder too (its checkpoints/)
     summary = launch(pp_plan_path, tmp_path / "second", resume=first, max_restarts=0)
     assert summary["losses"] == pp_uninterrupted["losses"][6:]
