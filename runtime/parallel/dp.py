@@ -25,7 +25,11 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int = 0) -> n
     Returns:
         The DDP wrapper, or ``model`` itself turned into an ``FSDPModule``.
     """
-    has_dtensor = any(isinstance(p, DTensor) for p in model.parameters())
+    # parameters DDP is told to ignore (expert-parallel experts, `runtime.parallel.ep`) are
+    # reduced elsewhere and do not make the model a DTensor model
+    ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    has_dtensor = any(isinstance(p, DTensor) for name, p in model.named_parameters()
+                      if name not in ignored)
     if not has_dtensor and zero_stage == 0:
         return DDP(model, process_group=dp_mesh.get_group())
     reshard = zero_stage == 3
