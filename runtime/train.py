@@ -391,7 +391,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
             save_full_parameters(modules, config.save_params, skip=skip)
         if rank == 0:
             _write_summary(out, summarize(records, pf, backend, notes, _run_dtype(pf, backend))
-                           | resilience.summary_fields(), config.plan_path)
+                           | resilience.summary_fields() | {"ep": ep}, config.plan_path)
         # leave together: a gloo process group torn down while a peer still receives (rank 0's
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()
