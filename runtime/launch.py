@@ -122,7 +122,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                             resume_flags=resume_flags(
                                 data=data, checkpoint_every=checkpoint_every, keep=keep,
                                 collective_timeout_s=collective_timeout_s, on_nan=on_nan,
-                                max_restarts=max_restarts))
+                                max_restarts=max_restarts) + (["--ep", str(ep)] if ep else []))
         raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
                            + "".join(errors)
                            + ("last output:\n" + "".join(tail) if quiet else "")

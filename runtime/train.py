@@ -181,15 +181,15 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
 
 def moe_plan_error(model, plan, requested_ep: int | None) -> str | None:
     """What of an MoE model or its expert parallelism the runtime cannot run, or None
-    (`runtime.moe.runtime_moe_error`, `runtime.parallel.ep.expert_parallel_error`; TP and
-    sequence parallelism of MoE blocks are not executed)."""
+    (`runtime.moe.runtime_moe_error`, `runtime.parallel.ep.expert_parallel_error`; sequence
+    parallelism of MoE blocks is not executed, and under TP they stay whole on every rank)."""
     try:
         ep = resolve_ep(plan, requested_ep)
     except ValueError as exc:
         return str(exc)
-    if model.is_moe and plan.tp > 1:
-        return (f"plan {plan.id} has tp={plan.tp}: the runtime does not tensor-parallelise "
-                f"mixture-of-experts blocks; use tp=1 (and ep, dp for the experts)")
+    if model.is_moe and plan.sequence_parallel:
+        return (f"plan {plan.id} has sequence_parallel=True: the runtime does not run "
+                f"mixture-of-experts blocks on sequence shards; use sequence_parallel=false")
     return runtime_moe_error(model) or expert_parallel_error(model, plan, ep)
 
 

@@ -9,7 +9,8 @@ mesh is the run's DeviceMesh (the one layout, `planner.mesh.mesh_dims`) with its
 unflattened into ``("edp", "ep")`` (`build_expert_mesh`); every other technique keeps using
 the run's mesh.
 
-Gradients: DDP reduces the dense parameters over dp and ignores the experts; `reduce_expert_grads`
+Gradients: DDP (or FSDP2) reduces the dense parameters over dp and ignores the experts (under
+FSDP2 / ZeRO they stay whole on each rank, outside its sharding); `reduce_expert_grads`
 sums each expert shard's gradient over edp and divides by dp, as DDP's mean over dp would (an
 expert's local gradient already holds the tokens of its whole ep group).
 """
@@ -51,7 +52,7 @@ def expert_parallel_error(model: ModelSpec, plan: Plan, ep: int) -> str | None:
     """Why the runtime cannot run ``plan`` at expert-parallel degree ``ep``, or None.
 
     Rules: ep ≥ 1; ep > 1 needs an MoE model, ep | num_experts and ep | dp (parallel folding,
-    dp = ep · edp), with tp = 1 and zero_stage = 0 (DDP for the dense parameters).
+    dp = ep · edp).
     """
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         return f"ep={ep!r} must be a positive integer"
@@ -65,9 +66,6 @@ def expert_parallel_error(model: ModelSpec, plan: Plan, ep: int) -> str | None:
     if plan.dp % ep:
         return (f"ep={ep} does not divide dp={plan.dp}: expert parallelism folds into the "
                 f"data-parallel ranks (dp = ep·edp); use dp a multiple of {ep}")
-    if plan.tp > 1 or plan.zero_stage > 0:
-        return (f"ep={ep} with tp={plan.tp}, zero_stage={plan.zero_stage}: the runtime runs "
-                f"expert parallelism with tp=1 and zero_stage=0")
     return None
 
 
