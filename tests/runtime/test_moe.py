@@ -4,9 +4,11 @@ block against a per-token loop, and the runtime's input checks of MoE plans."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -145,10 +147,18 @@ def test_runtime_rejects_what_it_does_not_execute(spec):
     assert "dp = ep·edp" in expert_parallel_error(spec, plan, 4)
     assert "needs a mixture-of-experts model" in expert_parallel_error(
         load_model("tiny-gpt"), plan, 2)
-    assert "does not tensor-parallelise" in moe_plan_error(
-        spec, Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=2), None)
+    sp = Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=2, sequence_parallel=True)
+    assert "sequence_parallel=True" in moe_plan_error(spec, sp, None)
     assert moe_plan_error(spec, plan, 2) is None
     assert resolve_ep(plan, None) == 1 and resolve_ep(plan, 2) == 2
+
+
+def test_a_plan_with_an_ep_field_sets_the_degree():
+    # a plan that carries ep (the planner's field) is read through getattr; --ep must agree
+    plan = types.SimpleNamespace(ep=2)
+    assert resolve_ep(plan, None) == 2 and resolve_ep(plan, 2) == 2
+    with pytest.raises(ValueError, match=r"--ep=4 disagrees with the plan's ep=2"):
+        resolve_ep(plan, 4)
 
 
 def test_meshplan_run_rejects_a_bad_ep_in_one_line(write_plan, tiny_plan, spec, tmp_path):
@@ -160,3 +170,23 @@ def test_meshplan_run_rejects_a_bad_ep_in_one_line(write_plan, tiny_plan, spec, 
     message = " ".join((result.stdout + result.stderr).split())
     assert "ep=3 does not divide num_experts=4; use ep in [1, 2, 4]" in message
     assert "Traceback" not in message
+
+
+def test_meshplan_run_passes_ep_to_the_run(write_plan, tiny_plan, spec, tmp_path, monkeypatch):
+    import runtime.launch
+    from apps.cli import main
+    from apps.run_config import RUN_CONFIG_NAME
+    seen = {}
+
+    def fake_run_plan(*args, **kwargs):
+        seen.update(kwargs)
+        return {"plan_id": "tp1-pp1-dp2-mb2-gb8", "steps": 1, "final_loss": 5.5,
+                "step_time_s": 0.4, "tokens_per_s": 1000.0}
+
+    monkeypatch.setattr(runtime.launch, "run_plan", fake_run_plan)
+    out = tmp_path / "run"
+    path = write_plan("moe-ep2-cli", tiny_plan(dp=2), spec)
+    assert main(["run", str(path), "--ep", "2", "--steps", "1", "--out", str(out)]) == 0
+    assert seen["ep"] == 2
+    saved = json.loads((out / RUN_CONFIG_NAME).read_text())
+    assert "--ep 2" in saved["command"]                  # the saved command reproduces the run
