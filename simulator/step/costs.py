@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from planner.mesh import group_ranks, mesh_strides
+from planner.mesh import expert_group_ranks, group_ranks, mesh_strides
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
@@ -34,7 +34,8 @@ from simulator.step.compute import (
     load_efficiency,
 )
 from simulator.step.cpu_model import cpu_stage_costs
-from simulator.step.memory import optimizer_bytes_per_param, stage_params
+from simulator.step.memory import optimizer_bytes_per_param, stage_param_split
+from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 
 
@@ -122,19 +123,25 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
     # the reduction dtype, as for ZeRO 0-2 (`_dp_and_optimizer`): fp32 for bf16 unless the
     # framework reduces in 16 bits (PyTorch FSDP MixedPrecision reduce_dtype; torchtitan's
     # default mixed_precision_reduce = float32, Composer's PURE = bf16).
-    shard = plan.dp_cp
-    if plan.zero_stage != 3 or shard == 1:
+    # An MoE model gathers its non-expert and expert parts over their own groups.
+    if plan.zero_stage != 3:
         return 0.0, 0.0
     d = DTYPE_BYTES[plan.dtype]
-    nbytes = model.layer_params() / plan.tp * d
-    gbytes = model.layer_params() / plan.tp * (options.grad_reduce_bytes
-                                               or (4 if plan.dtype == "bf16" else d))
-    group = group_ranks(plan, "dp_cp", stage=rank)
-    gather = collective_time_s(cluster, "all_gather", nbytes, group)
-    scatter = collective_time_s(cluster, "reduce_scatter", gbytes, group)
-    if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
-        gather = max(gather, _unaggregated_s(cluster, nbytes, shard))
-        scatter = max(scatter, _unaggregated_s(cluster, gbytes, shard))
+    groups = zero3_layer_groups(model, plan, rank) if model.is_moe else \
+        [(model.layer_params() / plan.tp, group_ranks(plan, "dp_cp", stage=rank))]
+    gather = scatter = 0.0
+    for params, group in groups:
+        shard = len(group)
+        if shard == 1:
+            continue
+        nbytes = params * d
+        gbytes = params * (options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d))
+        g = collective_time_s(cluster, "all_gather", nbytes, group)
+        r = collective_time_s(cluster, "reduce_scatter", gbytes, group)
+        if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
+            g = max(g, _unaggregated_s(cluster, nbytes, shard))
+            r = max(r, _unaggregated_s(cluster, gbytes, shard))
+        gather, scatter = gather + g, scatter + r
     return gather, gather + scatter
 
 
@@ -142,25 +149,29 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
                       bandwidth: float, options: SimOptions) -> dict[str, float]:
     # ZeRO 1/2 (distributed optimizer): reduce-scatter gradients, all-gather the updated
     # 16-bit weights. ZeRO-3 reduces per layer (`_zero3_layer_comm`).
-    params = stage_params(model, plan, stage)
+    # An MoE model reduces its expert gradients over the expert data-parallel group.
+    dense, experts = stage_param_split(model, plan, stage)
     d = DTYPE_BYTES[plan.dtype]
     g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
-    grads = params * g
-    group = group_ranks(plan, "dp_cp", stage=stage)
-    if plan.zero_stage == 0:
-        reduce, gather = collective_time_s(cluster, "all_reduce", grads, group), 0.0
-    elif plan.zero_stage == 3:
-        reduce = gather = 0.0
-    else:
-        reduce = collective_time_s(cluster, "reduce_scatter", grads, group)
-        gather = collective_time_s(cluster, "all_gather", params * d, group)
+    groups = [(dense, group_ranks(plan, "dp_cp", stage=stage))]
+    if experts:
+        groups.append((experts, expert_group_ranks(plan, "edp", stage=stage)))
+    reduce = gather = updated = 0.0
+    for params, group in groups:
+        grads = params * g
+        if plan.zero_stage == 0:
+            reduce += collective_time_s(cluster, "all_reduce", grads, group)
+        elif plan.zero_stage != 3:
+            reduce += collective_time_s(cluster, "reduce_scatter", grads, group)
+            gather += collective_time_s(cluster, "all_gather", params * d, group)
+        updated += params / (len(group) if plan.zero_stage >= 1 else 1)
     # Adam: read gradients, read/write master weights and both moments, write weights.
     per_param = g + 2 * optimizer_bytes_per_param(plan.dtype) + (d if d < 4 else 0)
-    shard = plan.dp_cp if plan.zero_stage >= 1 else 1
     bucket = options.dp_bucket_bytes
+    grads = (dense + experts) * g
     return {"dp_comm_s": reduce, "dp_gather_s": gather,
             "dp_buckets": max(1, math.ceil(grads / bucket)) if bucket else 1,
-            "optimizer_s": params / shard * per_param / bandwidth}
+            "optimizer_s": updated * per_param / bandwidth}
 
 
 def check_cluster(plan: Plan, cluster: Cluster) -> None:
@@ -174,9 +185,11 @@ def check_cluster(plan: Plan, cluster: Cluster) -> None:
 
 def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions,
                  rank: int, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
-                 host_re: float) -> tuple[float, float, float, float]:
+                 host_re: float, moe_comm: tuple[float, float] = (0.0, 0.0)
+                 ) -> tuple[float, float, float, float]:
     # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm) of one micro-batch of a
-    # chunk of ``layers`` blocks on pipeline rank ``rank``.
+    # chunk of ``layers`` blocks on pipeline rank ``rank``; ``moe_comm`` is the exposed
+    # expert all-to-all per block (`simulator.step.moe.chunk_moe_terms`).
     e_fwd, e_bwd, e_host = edge
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
@@ -192,6 +205,7 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     cp_f = max(0.0, ring_f - lc.attn_core_fwd_s)
     fwd_comm += cp_f
     bwd_comm += max(0.0, ring_b - core_b) + (cp_f if plan.recompute == "full" else 0.0)
+    fwd_comm, bwd_comm = fwd_comm + moe_comm[0], bwd_comm + moe_comm[1]
     # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows, and
     # only the prefetched share of a layer's gather can hide (`SimOptions`). On a CPU
     # cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
@@ -254,8 +268,15 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
                                             eff, first=g == 0, last=g == len(chunks) - 1,
                                             cp=plan.cp)
+        lc_g, moe_comm = lc, (0.0, 0.0)
+        if model.is_moe or model.is_mla:
+            lc_g, *moe_comm = chunk_moe_terms(
+                model, plan, cluster, g, rank, options.attention, dev, eff,
+                imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
+                overlap=options.moe_a2a_overlap)
         fwd, bwd, fwd_comm, bwd_comm = _chunk_times(
-            model, plan, cluster, options, rank, layers, lc, (e_fwd, e_bwd, e_host), host_re)
+            model, plan, cluster, options, rank, layers, lc_g, (e_fwd, e_bwd, e_host),
+            host_re, tuple(moe_comm))
         src = rank * stride
         nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
         tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \

@@ -63,6 +63,23 @@ def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
                for c in range(stage, plan.pp * plan.virtual_stages, plan.pp))
 
 
+def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters one rank of pipeline ``stage`` holds before
+    ZeRO sharding: `stage_params` for a dense model (no experts); for an MoE model the routed
+    experts are held E/ep per rank and 1/etp of each, the rest split over tp
+    (`simulator.step.moe.chunk_param_split`). ZeRO shards the first over dp·cp and the
+    experts over the expert data-parallel group edp (Megatron-Core's distributed optimizer
+    with MoE parallel folding)."""
+    if not model.is_moe:
+        return stage_params(model, plan, stage), 0.0
+    from simulator.step.moe import chunk_param_split
+    dense = expert = 0.0
+    for c in range(stage, plan.pp * plan.virtual_stages, plan.pp):
+        d, e = chunk_param_split(model, plan, c, chunk_params(model, plan, c))
+        dense, expert = dense + d, expert + e
+    return dense, expert
+
+
 def optimizer_bytes_per_param(dtype: str) -> int:
     """Adam state bytes per parameter: 12 (fp32 master + 2 moments) for 16/8-bit training,
     8 (2 fp32 moments) for fp32 training (ZeRO paper §3.1, K = 12)."""
@@ -175,16 +192,25 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     chunks = plan.layers_per_stage(model)
     out = []
     for stage in range(plan.pp):
-        params = stage_params(model, plan, stage)
+        params, experts = stage_param_split(model, plan, stage)
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        z, shard = plan.zero_stage, plan.dp_cp
+        if model.is_moe:
+            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
+            acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+        z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
         g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
             (d, optimizer_bytes_per_param(plan.dtype))
+
+        def held(per_param: float, from_stage: int, p=params, e=experts, z=z, s=shard,
+                 es=eshard) -> float:
+            # bytes of both parameter groups, each sharded over its own group under ZeRO
+            return p * per_param / (s if z >= from_stage else 1) \
+                + e * per_param / (es if z >= from_stage else 1)
+
         out.append(MemoryBreakdown(
-            weights_bytes=params * d / (shard if z >= 3 else 1),
-            gradients_bytes=params * g / (shard if z >= 2 else 1),
-            optimizer_bytes=params * o / (shard if z >= 1 else 1),
+            weights_bytes=held(d, 3), gradients_bytes=held(g, 2),
+            optimizer_bytes=held(o, 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))
     return out
