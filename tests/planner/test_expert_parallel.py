@@ -83,3 +83,46 @@ def test_plan_file_round_trip_keeps_ep():
     # a plan file written before ep existed loads with ep = etp = 1
     old = {k: v for k, v in data["plan"].items() if k not in ("ep", "etp")}
     assert plan_from_dict(old).ep == 1
+
+
+def test_search_enumerates_ep_for_moe_only():
+    from planner.search import search
+    from planner.space import SearchSpace
+    from simulator.network.cluster import load_cluster
+    c = load_cluster("dgx-h100", nodes=2)
+    space = SearchSpace.from_fixed({"pp": 1, "recompute": "full", "zero_stage": 1})
+    moe = search(load_model("mixtral-8x7b"), c, global_batch=64, space=space, top_k=0)
+    # Mixtral's 8 experts: ep in the divisors of 8 that divide tp*dp = 16.
+    assert set(moe.ranked["ep"]) <= {1, 2, 4, 8} and moe.ranked["ep"].max() == 8
+    dense = search(load_model("llama3-8b"), c, global_batch=64, space=space, top_k=0)
+    assert set(dense.ranked["ep"]) == {1} and set(dense.ranked["etp"]) == {1}
+
+
+def test_fix_ep_restricts_and_names_the_rule():
+    from planner.search import search
+    from planner.space import SearchSpace
+    from simulator.network.cluster import load_cluster
+    c = load_cluster("dgx-h100", nodes=2)
+    space = SearchSpace.from_fixed({"pp": 1, "recompute": "full", "zero_stage": 1, "ep": 8})
+    moe = search(load_model("mixtral-8x7b"), c, global_batch=64, space=space, top_k=0)
+    assert set(moe.ranked["ep"]) == {8}
+    assert all("-ep8-" in i for i in moe.ranked["id"])
+    dense = search(load_model("llama3-8b"), c, global_batch=64, space=space, top_k=0)
+    assert dense.ranked.empty
+    assert (dense.rejected["kind"] == "ep").any()
+    assert dense.rejected["reason"].str.contains("needs a mixture-of-experts model").any()
+
+
+def test_plan_cli_fix_ep_shows_ep_column():
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "apps.cli", "plan", "--model", "mixtral-8x7b", "--cluster",
+         "dgx-h100", "--nodes", "2", "--global-batch", "64", "--fix", "ep=8", "--fix", "pp=1",
+         "--fix", "recompute=full", "--top-k", "0", "--top", "3"],
+        capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if " tp " in line)
+    assert header.split()[:4] == ["tp", "pp", "dp", "ep"]
