@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.precision import storage_dtype, weight_cache_bytes_per_param
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan
 
 
@@ -145,12 +146,21 @@ def main_grad_bytes_per_param(dtype: str) -> tuple[int, int]:
     d = DTYPE_BYTES[dtype]
     if d == 4:
         return 4, 8
-    return (4, 12) if dtype == "bf16" else (d, 16)
+    return (4, 12) if storage_dtype(dtype) == "bf16" else (d, 16)
+
+
+def _linear_params(model: ModelSpec) -> float:
+    # The matrices of one block (the mean over blocks for an MoE model), which a
+    # low-precision recipe casts and caches.
+    if model.is_moe:
+        return model.moe_mean_layer_params(active=False, matmul_only=True)
+    return model.layer_matmul_params()
 
 
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
-                     fp32_main_grads: bool = False) -> list[MemoryBreakdown]:
+                     fp32_main_grads: bool = False,
+                     block_scaled: bool = False) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -167,6 +177,9 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
+        block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
+            of the weight and its transpose, `planner.precision.cast_copies`); a
+            low-precision plan adds its cached weight copies to the weights.
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
@@ -181,8 +194,10 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
         z, shard = plan.zero_stage, plan.dp_cp
         g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
             (d, optimizer_bytes_per_param(plan.dtype))
+        cache = _linear_params(model) / plan.tp * layers \
+            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
         out.append(MemoryBreakdown(
-            weights_bytes=params * d / (shard if z >= 3 else 1),
+            weights_bytes=(params * d + cache) / (shard if z >= 3 else 1),
             gradients_bytes=params * g / (shard if z >= 2 else 1),
             optimizer_bytes=params * o / (shard if z >= 1 else 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
