@@ -34,7 +34,7 @@ def runtime_dtype_error(dtype: str, capability: tuple[int, int] | None,
 
     >>> runtime_dtype_error("bf16", None, False) is None
     True
-    >>> runtime_dtype_error("fp8", None, True)[:56]
+    >>> runtime_dtype_error("fp8", None, True)[:55]
     'dtype=fp8: FP8 training needs a CUDA GPU of compute cap'
     >>> runtime_dtype_error("fp8", (9, 0), True) is None
     True
