@@ -21,9 +21,10 @@ Defaults (never tuned per row):
   reduction bytes and bucket, P2P behaviour, ZeRO-3 prefetch and reduce-scatter overlap) and
   the recipes of sources that launched differently. Every row is flagged with its family and
   with each default taken. The bullets below describe what those files hold.
-* published_benchmarks.csv: a mixture-of-experts row (``num_experts`` / ``EP=`` in notes) and
-  an FP8 / MXFP8 / NVFP4 row (``precision=`` or torchtitan's float8 settings in notes) is
-  listed under ``skipped`` with the reason (`unsupported_reason`), as is a GB200 NVL72 row.
+* published_benchmarks.csv: a mixture-of-experts row (``num_experts`` / ``EP=`` in notes) is
+  listed under ``skipped`` with the reason (`unsupported_reason`); an FP8 / MXFP8 / NVFP4
+  row is simulated in its precision (`simulator.validation.precision.row_dtype`), a GB200
+  row on ``gb200-nvl72`` (NVL72 racks, 72 GPUs in one NVLink domain).
 * torchtitan (FSDP2): bf16 parameters with fp32 gradient reduction, SDPA flash attention,
   FULL_SHARD over every data-parallel rank with the next block's gather prefetched,
   reduce-scatters overlapped, selective recomputation unless stated, async TP (TP
@@ -79,6 +80,7 @@ from simulator.step.compute import load_framework
 from simulator.step.simulate import estimate, simulate
 from simulator.step.stagecosts import SimOptions
 from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
+from simulator.validation.precision import row_dtype, row_precision  # noqa: F401 (re-export)
 from simulator.validation.report import error_summary, rel_error
 
 CLUSTER_DIR = PRESET_DIR / "validation_clusters"
@@ -219,57 +221,21 @@ def _num(value: str) -> float | None:
 #: A mixture-of-experts row of published_benchmarks.csv names its experts or its expert
 #: parallelism in ``notes`` (the table's README); the dense reader does not model experts.
 _MOE = re.compile(r"num_experts|(?<![a-z_])ep\s*=")
-#: Low-precision GEMM recipes (FP8 per-tensor / delayed / current scaling, MXFP8, NVFP4,
-#: torchao float8 linears); the dense reader models bf16 / fp16 GEMMs only.
-_LOW_PRECISION = re.compile(r"fp8|float8|mxfp8|nvfp4|fp4")
-#: The ``notes`` keys that name a row's GEMM precision: ``precision=`` (the table's own
-#: convention), torchtitan's ``quantization=`` / ``optimizations=`` / ``techniques=`` cells.
-_PRECISION_KEYS = ("precision", "quantization", "optimizations", "techniques")
-
-
-def row_precision(row: dict) -> str | None:
-    """The GEMM precision a row's ``notes`` name (the first of `_PRECISION_KEYS` given), or
-    None when they name none.
-
-    >>> row_precision({"notes": "x=1; precision=bf16+float8 linears (torchao); y"})
-    'bf16+float8 linears (torchao)'
-    >>> row_precision({"notes": "quantization=None (bfloat16); GBS = 12 x 8"})
-    'None (bfloat16)'
-    """
-    notes = row.get("notes") or ""
-    for key in _PRECISION_KEYS:
-        m = re.search(rf"(?<![a-z_]){key}\s*=\s*([^;]*)", notes, flags=re.IGNORECASE)
-        if m:
-            return m.group(1).strip()
-    return None
-
-
 def unsupported_reason(row: dict) -> str | None:
     """Why a published row is not simulated by the dense reader, or None when it is.
 
-    A mixture-of-experts row (``num_experts`` or ``EP=`` in ``notes``) and a row trained
-    with FP8 / MXFP8 / NVFP4 GEMMs (``precision=`` or torchtitan's float8 settings in
-    ``notes``) are listed under ``skipped`` with this reason, never simulated as a dense
-    bf16 run (published_benchmarks.csv README).
+    A mixture-of-experts row (``num_experts`` or ``EP=`` in ``notes``) is listed under
+    ``skipped`` with this reason, never simulated as a dense run (published_benchmarks.csv
+    README). FP8 / MXFP8 / NVFP4 rows are simulated in their precision
+    (`simulator.validation.precision.row_dtype`).
 
-    >>> unsupported_reason({"notes": "precision=mxfp8; GBS=256"})
-    'precision=mxfp8: FP8 / MXFP8 / NVFP4 training is not modelled (dense bf16/fp16 only)'
     >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"})[:9]
     'MoE model'
-    >>> unsupported_reason({"notes": "precision=bf16; step_time=GBS*seq/(TPS*num_gpus)"})
+    >>> unsupported_reason({"notes": "precision=mxfp8; step_time=GBS*seq/(TPS*num_gpus)"})
     """
-    notes = row.get("notes") or ""
-    low = notes.lower()
-    if _MOE.search(low):
+    if _MOE.search((row.get("notes") or "").lower()):
         return ("MoE model (num_experts / EP in notes): mixture-of-experts layers are not "
                 "modelled by the dense reader")
-    precision = row_precision(row)
-    if precision is not None and _LOW_PRECISION.search(precision.lower()):
-        return (f"precision={precision}: FP8 / MXFP8 / NVFP4 training is not modelled "
-                f"(dense bf16/fp16 only)")
-    if "float8 linear" in low:
-        return ("precision=float8 linears (notes): FP8 / MXFP8 / NVFP4 training is not "
-                "modelled (dense bf16/fp16 only)")
     return None
 
 
@@ -284,7 +250,7 @@ def _a100_40gb(row: dict) -> bool:
 
 #: Cluster presets a published row's ``gpu`` cell can name (see `gpu_cluster`).
 GPU_CLUSTERS = ("dgx-a100", "dgx-a100-40gb", "pcie-a100", "jean-zay-a100", "dgx-h100",
-                "dgx-h200", "dgx-b200")
+                "dgx-h200", "dgx-b200", "gb200-nvl72")
 
 
 def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
@@ -294,8 +260,8 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     factor is not stated), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
     ``dgx-a100-40gb`` (40 GB named, or a 2020 DGX A100 naming no size), ``pcie-a100`` (PCIe
     named) or ``jean-zay-a100`` (Jean Zay, or an A100 row naming no DGX whose framework
-    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). A GB200 row is refused: an NVL72
-    rack is not a DGX B200 node.
+    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). GB200 -> ``gb200-nvl72`` (a node
+    is one NVL72 rack: 72 GPUs in one NVLink domain).
 
     >>> gpu_cluster({"gpu": "H100 80GB SXM", "source": "x"})
     ('dgx-h100', [])
@@ -314,8 +280,7 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
             flags.append("gpu=H100 SXM (form factor not stated)")
         return "dgx-h100", flags
     if "gb200" in gpu:
-        raise PlanError(f"gpu={row['gpu']!r}: no GB200 NVL72 profile (72 GPUs in one NVLink "
-                        f"domain); the validation clusters cover {', '.join(GPU_CLUSTERS)}")
+        return "gb200-nvl72", flags
     if "h200" in gpu:
         if "gh200" in gpu:
             flags.append("gpu=H200 SXM node for GH200 (same GPU die and HBM3e)")
@@ -336,7 +301,7 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
             return "dgx-a100-40gb", flags
         return "dgx-a100", flags
     raise PlanError(f"gpu={row['gpu']!r} has no device profile; the validation clusters cover "
-                    f"A100, H100, H200 and B200 ({', '.join(GPU_CLUSTERS)})")
+                    f"A100, H100, H200, B200 and GB200 ({', '.join(GPU_CLUSTERS)})")
 
 
 #: Model names of families with a SwiGLU MLP and RMSNorm (Touvron et al. 2023 §2.2).
@@ -351,17 +316,23 @@ def _is_swiglu(row: dict) -> bool:
         row.get("notes", "").lower()
 
 
-def _zero_stage(cell: str) -> int:
-    """The ZeRO stage a ``zero_stage`` cell names.
+def _zero_stage(cell: str) -> int | None:
+    """The ZeRO stage a ``zero_stage`` cell names; None for plain DDP whose optimizer
+    sharding the cell does not give ("DDP (table FSDP=0; optimizer sharding not read)":
+    FSDP off, which says nothing of the distributed optimizer; the framework default holds).
 
     >>> [_zero_stage(c) for c in ("0", "1.0", "ZeRO-2", "FSDP FULL_SHARD", "HSDP",
     ...                           "distributed optimizer", "SHARD_GRAD_OP")]
     [0, 1, 2, 3, 3, 1, 2]
+    >>> _zero_stage("DDP (table FSDP=0; optimizer sharding not read)") is None
+    True
 
     Raises:
         PlanError: the cell names no stage.
     """
     low = cell.lower()
+    if re.search(r"fsdp\s*=\s*0(?!\d)", low) and "distributed" not in low:
+        return None                 # DDP: FSDP off; ZeRO-1 or not is not given
     if "grad_op" in low:
         return 2                    # FSDP SHARD_GRAD_OP: gradients and optimizer states
     if "fsdp" in low or "full_shard" in low or "hsdp" in low:
@@ -457,9 +428,8 @@ def _published_case(row: dict) -> RunCase:
         if tp > 1:
             flags.append(f"sequence_parallel={sp} (default)")
     z_cell = (row["zero_stage"] or "").strip()
-    if z_cell:
-        zero = _zero_stage(z_cell)
-    else:
+    zero = _zero_stage(z_cell) if z_cell else None
+    if zero is None:
         zero = int(d["zero_stage"])
         if zero and dp > 1:
             flags.append(f"zero_stage={zero} (default)")
@@ -486,7 +456,8 @@ def _published_case(row: dict) -> RunCase:
     if sc21:
         flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
                      " (examples/sc21/run_table_1.sh)")
-    dtype = d["dtype"]
+    dtype, dtype_flags = row_dtype(row, d["dtype"])
+    flags += dtype_flags
     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
@@ -494,8 +465,9 @@ def _published_case(row: dict) -> RunCase:
     options = framework_options(fw, d, overlap_dp=overlap)
     cluster, gpu_flags = gpu_cluster(row, d.get("cluster"))
     flags += gpu_flags
+    per_node = validation_cluster(cluster, 1).devices_per_node   # NVL72: a rack of 72
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
-                   nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
+                   nodes=math.ceil(int(row["num_gpus"]) / per_node), options=options,
                    overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
                    flags=tuple(flags), source=source_key(row["source"]))
 
@@ -640,7 +612,7 @@ def validate_runs(path: str | Path) -> dict:
 #: Fields `error_by` can group rows by: plan fields, model fields, and the GPU count.
 GROUP_FIELDS = ("tp", "cp", "pp", "dp", "micro_batch", "virtual_stages", "recompute",
                 "zero_stage", "hidden", "num_layers", "num_heads", "seq_len", "num_gpus",
-                "cluster")
+                "cluster", "precision", "gpu")
 
 
 def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = None):
@@ -665,7 +637,9 @@ def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = No
     records = []
     for row in result["rows"]:
         c = cases[row["id"]]
-        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name}
+        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name,
+                  "precision": c.plan.dtype,
+                  "gpu": validation_cluster(c.cluster_name, c.nodes).device.name}
         for f in fields:
             if f not in values:
                 values[f] = getattr(c.plan, f) if hasattr(c.plan, f) else getattr(c.model, f)
