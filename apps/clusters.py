@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.planfile import ClusterRef, PlanFile
+from planner.precision import storage_dtype
 from planner.spec import Plan, PlanError
 
 if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
@@ -101,7 +102,7 @@ def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> Clus
     return ClusterRef(name=cluster.name, nodes=cluster.num_nodes,
                       ranks=plan.world_size if localhost else None, path=path,
                       cpu_profile=profile.path if profile is not None and profile.path else None,
-                      peak_flops_per_device=cluster.device.peak(plan.dtype))
+                      peak_flops_per_device=cluster.device.peak(storage_dtype(plan.dtype)))
 
 
 def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluster:

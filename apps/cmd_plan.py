@@ -32,7 +32,7 @@ PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_t
 #: Further plan fields the JSON rows carry when the search table has them (as --csv does).
 PLAN_JSON_EXTRA = ["cp", "virtual_stages", "schedule", "recompute", "zero_stage",
                    "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s",
-                   "ep", "etp"]
+                   "ep", "etp", "dtype"]
 PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
               "micro_batch": ("mb", None), "virtual_stages": ("v", None),
               "zero_stage": ("zero", None), "recompute": ("ac", fmt_recompute),
@@ -105,6 +105,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if (shown["placement"] != "tp.dp.pp").any():
                 # Rows that differ only in rank placement would look identical without it.
                 columns["placement"] = ("order", None)
+            if (shown["dtype"] != shown["dtype"].iloc[0]).any() or \
+                    shown["dtype"].iloc[0] not in ("bf16", "fp32"):
+                columns["dtype"] = ("dtype", None)
             print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")

@@ -19,12 +19,15 @@ Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"]
 ZeroStage = Literal[0, 1, 2, 3]
 Router = Literal["softmax", "sigmoid"]
 
-#: Bytes per element of each training dtype (tf32 is stored as fp32).
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes per stored element (weights, activations, gradients) of each training dtype: tf32 is
+#: stored as fp32; the low-precision recipes (`planner.precision`) store bf16 and cast only
+#: the linear GEMMs' operands.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2,
+                               "fp8-current": 2, "mxfp8": 2, "nvfp4": 2}
 
 #: Axis names of a plan's device mesh, the order `placement` permutes.
 MESH_AXES = ("tp", "dp", "pp")
@@ -373,7 +376,8 @@ class Plan:
         recompute: activation recomputation policy ("none", "selective", "full").
         zero_stage: ZeRO stage of the data-parallel optimizer (0 = plain DDP; 3 = FSDP).
         sequence_parallel: shard norms/dropout activations over tp (Korthikanti et al. 2022).
-        dtype: compute dtype of the step.
+        dtype: compute dtype of the step, or a low-precision recipe for the linear GEMMs
+            (``fp8``, ``fp8-current``, ``mxfp8``, ``nvfp4``; `planner.precision`).
         placement: mesh axes from innermost (fastest varying over device ids) to outermost.
         stage_layers: layers per pipeline stage; None splits layers evenly.
         ep: expert-parallel degree of a mixture-of-experts model: the routed experts of each
@@ -497,6 +501,8 @@ class Plan:
             parts.append("sp")
         if self.placement != MESH_AXES:
             parts.append("place." + ".".join(self.placement))
+        if self.dtype in ("fp8", "fp8-current", "mxfp8", "nvfp4"):
+            parts.append(self.dtype)
         return "-".join(parts)
 
     def replace(self, **changes: object) -> Plan:

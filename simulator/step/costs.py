@@ -19,6 +19,14 @@ from __future__ import annotations
 import math
 
 from planner.mesh import expert_group_ranks, group_ranks, mesh_strides
+from planner.precision import (
+    LINEAR_GEMMS,
+    block_scaled_device,
+    cast_bytes,
+    cast_copies,
+    recipe,
+    storage_dtype,
+)
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
@@ -135,7 +143,8 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
         if shard == 1:
             continue
         nbytes = params * d
-        gbytes = params * (options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d))
+        gbytes = params * (options.grad_reduce_bytes
+                           or (4 if storage_dtype(plan.dtype) == "bf16" else d))
         g = collective_time_s(cluster, "all_gather", nbytes, group)
         r = collective_time_s(cluster, "reduce_scatter", gbytes, group)
         if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
@@ -152,7 +161,7 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
     # An MoE model reduces its expert gradients over the expert data-parallel group.
     dense, experts = stage_param_split(model, plan, stage)
     d = DTYPE_BYTES[plan.dtype]
-    g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
+    g = options.grad_reduce_bytes or (4 if storage_dtype(plan.dtype) == "bf16" else d)
     groups = [(dense, group_ranks(plan, "dp_cp", stage=stage))]
     if experts:
         groups.append((experts, expert_group_ranks(plan, "edp", stage=stage)))
@@ -225,8 +234,53 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     dev_f, dev_b = layers * fwd_dev + e_fwd, layers * bwd_dev + e_bwd
     fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
     bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
-    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd),
-            max(0.0, dev_b + layers * bwd_comm - bwd))
+    amax_f, amax_b = amax_allreduce_s(plan, cluster, rank, layers)
+    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd) + amax_f,
+            max(0.0, dev_b + layers * bwd_comm - bwd) + amax_b)
+
+
+def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:
+    """Seconds a low-precision recipe spends once per step casting one rank's linear weights
+    (``layers`` blocks, 1/tp of each; `planner.precision.cast_bytes` with its copies) after
+    the optimizer step, cached for every micro-batch; 0 for bf16.
+
+    >>> from planner.presets import load_model
+    >>> from simulator.network.hardware import load_device
+    >>> p = Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, dtype="fp8")
+    >>> m = load_model("llama3-8b")
+    >>> w = m.layer_matmul_params()  # read 2 B, write the weight and its transpose: 4 B
+    >>> weight_cast_s(m, p, 1, load_device("h100-sxm-80gb"), 1e12) == w * 4 / 1e12
+    True
+    """
+    r = recipe(plan.dtype)
+    if r is None:
+        return 0.0
+    copies = cast_copies(r, block_scaled_device(device.peak_flops))
+    return cast_bytes(r, model.layer_matmul_params() / plan.tp * layers, copies) / bandwidth
+
+
+def amax_allreduce_s(plan: Plan, cluster: Cluster, rank: int,
+                     layers: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a delayed-scaling recipe's amax all-reduce for one
+    micro-batch of a chunk of ``layers`` blocks; (0, 0) for every other dtype.
+
+    Transformer Engine reduces the amaxes of all FP8 tensors of a forward in one all-reduce
+    when ``fp8_autocast`` exits, and those of the backward in one more, over the amax
+    reduction group (Megatron-Core: the tp·dp·cp ranks that hold the same layers); 4 bytes
+    per tensor: the input and weight of each linear forward, its output gradient backward.
+    The group is costed as its tp and dp·cp groups in turn (latency-bound).
+    """
+    r = recipe(plan.dtype)
+    if r is None or not r.amax_allreduce:
+        return 0.0, 0.0
+
+    def reduce(nbytes: float) -> float:
+        return sum(collective_time_s(cluster, "all_reduce", nbytes,
+                                     group_ranks(plan, axis, stage=rank))
+                   for axis, n in (("tp", plan.tp), ("dp_cp", plan.dp_cp)) if n > 1)
+
+    tensors = len(LINEAR_GEMMS) * layers
+    return reduce(2 * 4 * tensors), reduce(4 * tensors)
 
 
 def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
@@ -281,6 +335,9 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
         tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \
             if g < pp else {}
+        if tail:
+            tail["optimizer_s"] += weight_cast_s(model, plan, sum(chunks[rank::pp]), dev,
+                                                 bandwidth)
         if tail and options.overlap_param_gather:
             tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
         extra = options.p2p_overhead_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.precision import storage_dtype, weight_cache_bytes_per_param
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan
 
 
@@ -162,12 +163,21 @@ def main_grad_bytes_per_param(dtype: str) -> tuple[int, int]:
     d = DTYPE_BYTES[dtype]
     if d == 4:
         return 4, 8
-    return (4, 12) if dtype == "bf16" else (d, 16)
+    return (4, 12) if storage_dtype(dtype) == "bf16" else (d, 16)
+
+
+def _linear_params(model: ModelSpec) -> float:
+    # The matrices of one block (the mean over blocks for an MoE model), which a
+    # low-precision recipe casts and caches.
+    if model.is_moe:
+        return model.moe_mean_layer_params(active=False, matmul_only=True)
+    return model.layer_matmul_params()
 
 
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
-                     fp32_main_grads: bool = False) -> list[MemoryBreakdown]:
+                     fp32_main_grads: bool = False,
+                     block_scaled: bool = False) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -184,6 +194,9 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
+        block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
+            of the weight and its transpose, `planner.precision.cast_copies`); a
+            low-precision plan adds its cached weight copies to the weights.
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
@@ -208,9 +221,11 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             return p * per_param / (s if z >= from_stage else 1) \
                 + e * per_param / (es if z >= from_stage else 1)
 
+        cache = _linear_params(model) / plan.tp * layers \
+            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
         out.append(MemoryBreakdown(
-            weights_bytes=held(d, 3), gradients_bytes=held(g, 2),
-            optimizer_bytes=held(o, 1),
+            weights_bytes=held(d, 3) + cache / (shard if z >= 3 else 1),
+            gradients_bytes=held(g, 2), optimizer_bytes=held(o, 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))
     return out
