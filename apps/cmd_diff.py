@@ -15,11 +15,11 @@ from apps.format import command_console, fmt_gib, fmt_time_s
 
 def _rows(a, b) -> list[tuple[str, str, float, float]]:
     # (section, name, A, B) of every figure either plan has
-    rows = [("step", "step time", a.step_time_s, b.step_time_s)]
+    rows = [("step", "step time", a.prediction.step_time_s, b.prediction.step_time_s)]
     for section, attr in (("compute", "compute_by_class_s"), ("exposed comm", "comm_by_kind_s")):
         da, db = getattr(a, attr), getattr(b, attr)
         rows += [(section, k, da.get(k, 0.0), db.get(k, 0.0)) for k in dict.fromkeys([*da, *db])]
-    rows.append(("bubble", "bubble", a.bubble_s, b.bubble_s))
+    rows.append(("bubble", "bubble", a.prediction.bubble_s, b.prediction.bubble_s))
     rows += [("memory GiB", k, a.memory_bytes[k], b.memory_bytes[k]) for k in a.memory_bytes]
     return rows
 
@@ -28,9 +28,9 @@ def difference_sentence(a, b, rows) -> str:
     """One sentence: which plan is faster, by how much, and the part that moved the most."""
     parts = [r for r in rows if r[0] in ("compute", "exposed comm", "bubble")]
     section, name, va, vb = max(parts, key=lambda r: abs(r[3] - r[2]))
-    faster = "B" if b.step_time_s < a.step_time_s else "A"
-    gap = abs(a.step_time_s - b.step_time_s)
-    slow = max(a.step_time_s, b.step_time_s)
+    ta, tb = a.prediction.step_time_s, b.prediction.step_time_s
+    faster = "B" if tb < ta else "A"
+    gap, slow = abs(ta - tb), max(ta, tb)
     what = name if section in ("bubble", name) else f"{section} {name}"
     return (f"{faster} is {fmt_time_s(gap)} per step faster ({gap / slow:.0%}); the largest "
             f"change is {what}: {fmt_time_s(va)} in A, {fmt_time_s(vb)} in B.")
@@ -47,8 +47,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     rows = _rows(a, b)
     sentence = difference_sentence(a, b, rows)
     if args.json:
-        print(json.dumps({"a": {"id": files[0].plan.id, **a.__dict__},
-                          "b": {"id": files[1].plan.id, **b.__dict__}, "summary": sentence}))
+        print(json.dumps({"a": {"id": files[0].plan.id, **a.to_dict()},
+                          "b": {"id": files[1].plan.id, **b.to_dict()}, "summary": sentence}))
         return 0
     from rich.table import Table
     table = Table(title=f"A = {files[0].plan.id}\nB = {files[1].plan.id}")
@@ -59,7 +59,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         delta = fmt(abs(vb - va))
         table.add_row(section, name if name != section else "", fmt(va), fmt(vb),
                       ("-" if vb < va else "+") + delta if vb != va else "")
-    for label, v in (("MFU", lambda x: f"{x.mfu:.1%}"),
+    for label, v in (("MFU", lambda x: f"{x.prediction.mfu:.1%}"),
                      ("groups across nodes", lambda x: ", ".join(
                          f"{k} ({n} nodes)" for k, n in x.crossing.items()) or "none")):
         table.add_row(label, "", v(a), v(b), "")

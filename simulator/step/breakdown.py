@@ -17,7 +17,7 @@ from planner.mesh import group_ranks
 from planner.spec import ModelSpec, Plan
 from simulator.step.compute import ATTENTION_CORE, edge_compute, layer_forward_ops, op_time_s
 from simulator.step.costs import _device, _efficiency
-from simulator.step.simulate import simulate
+from simulator.step.simulate import StepPrediction, simulate
 from simulator.step.stagecosts import DEFAULT_OPTIONS
 
 #: Parallel axes whose groups `crossing_groups` checks.
@@ -29,7 +29,7 @@ class StepBreakdown:
     """Seconds and bytes of one plan: see the module docstring.
 
     Attributes:
-        step_time_s / compute_s / comm_s / bubble_s: the `StepPrediction` figures.
+        prediction: the traced `StepPrediction` (step, compute, exposed comm, bubble s).
         compute_by_class_s: {"gemm", "attention", "memory-bound", "recompute",
             "embedding+logits", "optimizer+other"} seconds of one step on the busiest
             pipeline rank; "optimizer+other" is compute_s less the rest.
@@ -39,16 +39,18 @@ class StepBreakdown:
         crossing: {axis: nodes its first group spans} for the axes spanning > 1 node.
     """
 
-    step_time_s: float
-    compute_s: float
-    comm_s: float
-    bubble_s: float
-    tokens_per_s: float
-    mfu: float
+    prediction: StepPrediction
     compute_by_class_s: dict[str, float]
     comm_by_kind_s: dict[str, float]
     memory_bytes: dict[str, float]
     crossing: dict[str, int]
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the prediction's figures (no memory list, no events) and the parts."""
+        pred = {k: v for k, v in self.prediction.to_dict().items() if k != "memory"}
+        return {**pred, "compute_by_class_s": self.compute_by_class_s,
+                "comm_by_kind_s": self.comm_by_kind_s, "memory_bytes": self.memory_bytes,
+                "crossing": self.crossing}
 
 
 def compute_by_class_s(model: ModelSpec, plan: Plan, cluster,
@@ -128,8 +130,6 @@ def step_breakdown(model: ModelSpec, plan: Plan, cluster) -> StepBreakdown:
     by_class = compute_by_class_s(model, plan, cluster)
     by_class["optimizer+other"] = max(0.0, pred.compute_s - sum(by_class.values()))
     return StepBreakdown(
-        step_time_s=pred.step_time_s, compute_s=pred.compute_s, comm_s=pred.comm_s,
-        bubble_s=pred.bubble_s, tokens_per_s=pred.tokens_per_s, mfu=pred.mfu,
-        compute_by_class_s=by_class,
+        prediction=pred, compute_by_class_s=by_class,
         comm_by_kind_s=comm_by_kind_s(pred.events), memory_bytes=memory,
         crossing=crossing_groups(plan, cluster))
