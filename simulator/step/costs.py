@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from planner.mesh import expert_group_ranks, group_ranks, mesh_strides
+from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides, rank_chunks
 from planner.precision import (
     LINEAR_GEMMS,
     block_scaled_device,
@@ -27,7 +27,14 @@ from planner.precision import (
     recipe,
     storage_dtype,
 )
-from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
+from planner.spec import (
+    DTYPE_BYTES,
+    ZERO_BUBBLE_SCHEDULES,
+    ModelSpec,
+    Plan,
+    PlanError,
+    check_plan,
+)
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
     collective_time_s,
@@ -45,6 +52,7 @@ from simulator.step.cpu_model import cpu_stage_costs
 from simulator.step.memory import optimizer_bytes_per_param, stage_param_split
 from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
+from simulator.step.zero_bubble import split_backward
 
 
 def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
@@ -288,7 +296,9 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     """`StageCosts` of every virtual pipeline stage, one representative rank each.
 
     Entry g = chunk·pp + rank (pp·virtual_stages entries, pipeline order; just the pp stages
-    when virtual_stages = 1) runs on pipeline rank g % pp. Each rank's once-per-step DP and
+    when virtual_stages = 1) runs on pipeline rank g % pp (`planner.mesh.chunk_rank`: ZB-V and
+    DualPipe-V fold the chunks in a V). Zero-bubble schedules get each chunk's weight-gradient
+    time (`simulator.step.zero_bubble.split_backward`). Each rank's once-per-step DP and
     optimizer costs sit on its first chunk's entry (g < pp; zero elsewhere): chunk 0 runs the
     rank's last backward, the one DP buckets overlap with. A micro-batch of a chunk takes
     max(device time, host launch time) (`simulator.step.compute`).
@@ -302,7 +312,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     if cluster.cpu_profile is not None and plan.cp == 1:  # calibrated CPU
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
-            return calibrated
+            return _with_wgrad(calibrated, model, plan, cluster, options)
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
                        options.attention, plan.dtype, dev, eff, plan.cp)
@@ -318,7 +328,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     chunks = plan.layers_per_stage(model)
     out = []
     for g, layers in enumerate(chunks):
-        rank = g % pp
+        rank = chunk_rank(plan.schedule, pp, g)
         e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
                                             eff, first=g == 0, last=g == len(chunks) - 1,
                                             cp=plan.cp)
@@ -332,12 +342,13 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             model, plan, cluster, options, rank, layers, lc_g, (e_fwd, e_bwd, e_host),
             host_re, tuple(moe_comm))
         src = rank * stride
-        nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
+        nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
+        prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
         tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \
             if g < pp else {}
         if tail:
-            tail["optimizer_s"] += weight_cast_s(model, plan, sum(chunks[rank::pp]), dev,
-                                                 bandwidth)
+            held = sum(chunks[c] for c in rank_chunks(plan, rank))
+            tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
         if tail and options.overlap_param_gather:
             tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
         extra = options.p2p_overhead_s
@@ -349,4 +360,13 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             fwd_compute_s=fwd, bwd_compute_s=bwd,
             fwd_comm_s=fwd_comm + block_f, bwd_comm_s=bwd_comm + block_b,
             p2p_fwd_s=p2p_f - block_f, p2p_bwd_s=p2p_b - block_b, **tail))
-    return out
+    return _with_wgrad(out, model, plan, cluster, options)
+
+
+def _with_wgrad(costs: list[StageCosts], model: ModelSpec, plan: Plan, cluster: Cluster,
+                options: SimOptions) -> list[StageCosts]:
+    # Zero-bubble schedules run the weight gradients apart: give each chunk its W time.
+    if plan.schedule not in ZERO_BUBBLE_SCHEDULES:
+        return costs
+    return split_backward(costs, model, plan, options.attention, _device(cluster),
+                          _efficiency(cluster, options))
