@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from planner import __version__
 from planner.planfile import check_runnable, read_plan_file
-from planner.spec import PlanError
+from planner.spec import PlanError, check_plan
 
 RUN_CONFIG_NAME = "run_config.json"
 
@@ -93,6 +93,9 @@ def check_run_args(args) -> None:
     from runtime.resilience import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
     check_runnable(pf.plan)
+    from runtime.precision import machine_dtype_error
+    if (problem := machine_dtype_error(pf.plan.dtype)) is not None:
+        raise PlanError(problem)   # e.g. an FP8 plan on a CPU: refused, not run as fp32
     # --steps and the fault flags, checked as runtime.train's workers check them
     config = TrainConfig.from_args(args, out_dir=str(run_folder(args.out, pf.plan.id)))
     if args.max_restarts < 0:
@@ -108,7 +111,10 @@ def check_run_args(args) -> None:
     from runtime.train import cluster_block_error, moe_plan_error
     if (problem := cluster_block_error(pf)) is not None:
         raise PlanError(problem)
-    if (problem := moe_plan_error(pf.model, pf.plan, config.ep)) is not None:
+    from runtime.parallel.ep import with_ep
+    plan = with_ep(pf.plan, config.ep)                  # --ep, checked as the workers do
+    check_plan(pf.model, plan)
+    if (problem := moe_plan_error(pf.model, plan)) is not None:
         raise PlanError(problem)
     if (problem := fault_args_error(config, world=pf.plan.world_size,
                                     global_batch=pf.plan.global_batch)) is not None:

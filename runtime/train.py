@@ -45,7 +45,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.planfile import PlanFile, check_runnable, read_plan_file
-from planner.spec import PlanError, check_plan
+from planner.precision import storage_dtype
+from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
@@ -58,7 +59,7 @@ from runtime.parallel.ep import (
     build_expert_mesh,
     expert_parallel_error,
     reduce_expert_grads,
-    resolve_ep,
+    with_ep,
 )
 from runtime.parallel.pp import sum_tied_embedding_grads, tied_embedding_group
 from runtime.parallelize import (
@@ -68,6 +69,7 @@ from runtime.parallelize import (
     vocab_parallel_loss,
 )
 from runtime.params import save_full_parameters
+from runtime.precision import apply_float8
 from runtime.resilience import Resilience, StopTraining, fault_args_error, resume_folder
 
 __all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
@@ -92,7 +94,7 @@ def make_optimizer(params) -> torch.optim.AdamW:
 def autocast_context(plan_dtype: str, device: torch.device):
     """bf16 autocast on CUDA when the plan asks for bf16; fp32 otherwise (always on CPU, where a
     bf16 matmul is ~176x slower than fp32 on CPUs without AVX512-BF16/AMX)."""
-    if device.type == "cuda" and plan_dtype == "bf16":
+    if device.type == "cuda" and storage_dtype(plan_dtype) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -154,11 +156,14 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
 
     Raises:
         PlanError: invalid plan, context parallelism (not executed), vocabulary too small for
-            bytes, sequence parallelism over a length tp does not divide, or world size !=
-            tp·pp·dp.
+            bytes, sequence parallelism over a length tp does not divide, world size !=
+            tp·pp·dp, or an MoE plan the runtime does not execute (`moe_plan_error`).
         FileNotFoundError / ValueError: missing or too short ``--data``.
+    Returns:
+        (the plan file, its plan with ``--ep`` applied; the corpus tokens).
     """
     pf = read_plan_file(config.plan_path)
+    pf = dataclasses.replace(pf, plan=with_ep(pf.plan, config.ep))
     model, plan = pf.model, pf.plan
     check_runnable(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -174,23 +179,20 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
                         f"which does not divide it; use seq_len a multiple of {plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
-    if (problem := moe_plan_error(model, plan, config.ep)) is not None:
+    if (problem := moe_plan_error(model, plan)) is not None:
         raise PlanError(problem)
     return pf, read_corpus(config.data, model.seq_len)
 
 
-def moe_plan_error(model, plan, requested_ep: int | None) -> str | None:
-    """What of an MoE model or its expert parallelism the runtime cannot run, or None
+def moe_plan_error(model, plan) -> str | None:
+    """What of an MoE model or its expert split the runtime does not execute, or None
     (`runtime.moe.runtime_moe_error`, `runtime.parallel.ep.expert_parallel_error`; sequence
-    parallelism of MoE blocks is not executed, and under TP they stay whole on every rank)."""
-    try:
-        ep = resolve_ep(plan, requested_ep)
-    except ValueError as exc:
-        return str(exc)
+    parallelism of MoE blocks is not executed, and under TP they stay whole on every rank).
+    The planner's expert rules are `planner.spec.check_plan`'s."""
     if model.is_moe and plan.sequence_parallel:
         return (f"plan {plan.id} has sequence_parallel=True: the runtime does not run "
                 f"mixture-of-experts blocks on sequence shards; use sequence_parallel=false")
-    return runtime_moe_error(model) or expert_parallel_error(model, plan, ep)
+    return runtime_moe_error(model) or expert_parallel_error(plan)
 
 
 def cluster_block_error(pf: PlanFile) -> str | None:
@@ -231,6 +233,7 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: s
 def _build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str,
                 expert_mesh) -> tuple[list[torch.nn.Module], StepFn]:
     model = Transformer(pf.model, seed=seed, attention=attention).to(device)
+    apply_float8(model, pf.plan.dtype)   # FP8 plans: torchao float8 linears (CUDA only)
     plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
     if plan.pp == 1:
         # the aux loss is scaled like the main loss, 1/num_microbatches (runtime.moe)
@@ -239,7 +242,9 @@ def _build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: 
         return [module], _accumulation_step(module, plan, amp, vocab_parallel_loss(plan))
     stages, schedule, modules = parallelize_pipeline(model, plan, mesh, cross_entropy_loss,
                                                      device=device, expert_mesh=expert_mesh)
-    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings else None
+    # ZB-V / DualPipe-V hold both tied copies on pipeline rank 0: no group, a local sum.
+    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings and \
+        plan.schedule not in V_SCHEDULES else None
     step = _pipeline_step(stages, schedule, plan, amp, device)
 
     def step_and_sum_tied(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -314,6 +319,9 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
     notes = []
     if _run_dtype(pf, backend) != pf.plan.dtype:
         notes.append(f"dtype {pf.plan.dtype} runs as {_run_dtype(pf, backend)} on {backend}")
+    elif pf.plan.dtype == "fp8":
+        notes.append("dtype fp8 (delayed scaling) runs with torchao's dynamic per-tensor "
+                     "(current) scaling")
     if pf.plan.zero_stage in (1, 2):
         notes.append(f"zero_stage {pf.plan.zero_stage} runs as FSDP2 without resharding after "
                      "forward (sharded optimizer state and reduce-scattered gradients)")
@@ -322,7 +330,8 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
 
 def _run_dtype(pf: PlanFile, backend: str) -> str:
     """The dtype the step really computes in: bf16 / tf32 on CUDA when asked, else fp32."""
-    return pf.plan.dtype if backend == "nccl" and pf.plan.dtype in ("bf16", "tf32") else "fp32"
+    return pf.plan.dtype if backend == "nccl" and pf.plan.dtype in (
+        "bf16", "tf32", "fp8", "fp8-current") else "fp32"
 
 
 def select_device(plan_dtype: str) -> tuple[str, torch.device]:
@@ -341,7 +350,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
     rank, _ = init_distributed(backend, config.timeout_s)
     try:
         mesh = build_mesh(pf.plan, device.type)
-        ep = resolve_ep(pf.plan, config.ep)
+        ep = pf.plan.ep
         expert_mesh = build_expert_mesh(mesh, ep) if ep > 1 else None
         modules, step_fn = build_step(pf, mesh, device, config.seed, config.attention,
                                       expert_mesh)

@@ -17,6 +17,8 @@ expert's local gradient already holds the tokens of its whole ep group).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -25,53 +27,45 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from planner.spec import ModelSpec, Plan
+from planner.spec import Plan, PlanError
 from runtime.moe import GroupedExperts, MoE, is_expert_param
 
 
-def plan_ep(plan: Plan) -> int:
-    """The plan's expert-parallel degree (1 for plans without the field)."""
-    return getattr(plan, "ep", 1)
-
-
-def resolve_ep(plan: Plan, requested: int | None) -> int:
-    """The ep degree of a run: ``requested`` (``--ep``) or else the plan's.
+def with_ep(plan: Plan, requested: int | None) -> Plan:
+    """The plan a run executes: ``plan``, or with ``ep`` set to ``requested`` (``--ep``).
 
     Raises:
-        ValueError: both are given and disagree.
+        PlanError: ``requested`` disagrees with a plan that sets its own ep, or breaks the
+            plan's expert folding (`planner.spec.Plan` checks it on construction).
     """
-    if requested is None:
-        return plan_ep(plan)
-    if plan_ep(plan) not in (1, requested):
-        raise ValueError(f"--ep={requested} disagrees with the plan's ep={plan_ep(plan)}; "
-                         f"leave --ep out to use the plan's")
-    return requested
+    if requested is None or requested == plan.ep:
+        return plan
+    if plan.ep != 1:
+        raise PlanError(f"--ep={requested} disagrees with the plan's ep={plan.ep}; leave --ep "
+                        f"out to use the plan's")
+    return dataclasses.replace(plan, ep=requested)
 
 
-def expert_parallel_error(model: ModelSpec, plan: Plan, ep: int) -> str | None:
-    """Why the runtime cannot run ``plan`` at expert-parallel degree ``ep``, or None.
+def expert_parallel_error(plan: Plan) -> str | None:
+    """What of ``plan``'s expert split the runtime does not execute, or None (the planner's
+    rules, `planner.spec.check_experts` and the folding of `Plan`, are checked there).
 
-    Rules: ep ≥ 1; ep > 1 needs an MoE model, ep | num_experts and ep | dp (parallel folding,
-    dp = ep · edp).
+    Not executed: expert tensor parallelism (etp > 1), and ep > 1 with tp > 1, whose ep groups
+    span TP ranks that hold the same tokens (`planner.mesh.expert_group_ranks`).
     """
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
-        return f"ep={ep!r} must be a positive integer"
-    if ep == 1:
-        return None
-    if not model.is_moe:
-        return f"ep={ep} needs a mixture-of-experts model; {model.name} has num_experts=0"
-    if model.num_experts % ep:
-        return (f"ep={ep} does not divide num_experts={model.num_experts}; use ep in "
-                f"{[d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0]}")
-    if plan.dp % ep:
-        return (f"ep={ep} does not divide dp={plan.dp}: expert parallelism folds into the "
-                f"data-parallel ranks (dp = ep·edp); use dp a multiple of {ep}")
+    if plan.etp > 1:
+        return (f"plan {plan.id} has etp={plan.etp}: the runtime does not execute expert "
+                f"tensor parallelism (the simulator and planner model it); use etp=1")
+    if plan.ep > 1 and plan.tp > 1:
+        return (f"plan {plan.id} has ep={plan.ep} with tp={plan.tp}: its expert groups span TP "
+                f"ranks, which the runtime does not execute; use tp=1 (or ep=1)")
     return None
 
 
 def build_expert_mesh(mesh: DeviceMesh, ep: int) -> DeviceMesh:
     """The expert mesh of a run: ``mesh`` with its ``dp`` axis unflattened into
-    ``("edp", "ep")``, ep innermost (neighbouring dp ranks share their experts). Collective
+    ``("edp", "ep")``, ep innermost (neighbouring dp ranks share their experts): with tp = cp
+    = 1 these are the groups of `planner.mesh.expert_group_ranks`, the one layout. Collective
     (it creates the process groups): every rank calls it once.
 
     For the mesh ("pp", "dp", "tp") of sizes (2, 4, 1) and ep = 2 the expert mesh is

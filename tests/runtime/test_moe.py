@@ -8,17 +8,16 @@ import json
 import math
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from planner.presets import load_model
-from planner.spec import Plan
+from planner.spec import Plan, PlanError
 from runtime.model import MLP, Transformer
 from runtime.moe import AUX_LOSS_COEFF, MoE, Router, load_balancing_loss, runtime_moe_error
-from runtime.parallel.ep import expert_parallel_error, resolve_ep
+from runtime.parallel.ep import expert_parallel_error, with_ep
 from runtime.train import moe_plan_error
 
 
@@ -141,24 +140,26 @@ def test_expert_init_uses_the_residual_scale(spec):
 
 
 def test_runtime_rejects_what_it_does_not_execute(spec):
-    plan = Plan(tp=1, pp=1, dp=2, micro_batch=1, global_batch=2)
     assert "dropless" in runtime_moe_error(spec.replace(capacity_factor=1.25))
-    assert expert_parallel_error(spec, plan, 3).startswith("ep=3 does not divide num_experts=4")
-    assert "dp = ep·edp" in expert_parallel_error(spec, plan, 4)
-    assert "needs a mixture-of-experts model" in expert_parallel_error(
-        load_model("tiny-gpt"), plan, 2)
+    etp = Plan(tp=2, pp=1, dp=1, ep=1, etp=2, micro_batch=1, global_batch=2)
+    assert "etp=2: the runtime does not execute expert tensor parallelism" in \
+        expert_parallel_error(etp)
+    tp_ep = Plan(tp=2, pp=1, dp=2, ep=2, micro_batch=1, global_batch=2)
+    assert "expert groups span TP ranks" in expert_parallel_error(tp_ep)
     sp = Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=2, sequence_parallel=True)
-    assert "sequence_parallel=True" in moe_plan_error(spec, sp, None)
-    assert moe_plan_error(spec, plan, 2) is None
-    assert resolve_ep(plan, None) == 1 and resolve_ep(plan, 2) == 2
+    assert "sequence_parallel=True" in moe_plan_error(spec, sp)
+    assert moe_plan_error(spec, Plan(tp=1, pp=1, dp=2, ep=2, micro_batch=1,
+                                     global_batch=2)) is None
 
 
-def test_a_plan_with_an_ep_field_sets_the_degree():
-    # a plan that carries ep (the planner's field) is read through getattr; --ep must agree
-    plan = types.SimpleNamespace(ep=2)
-    assert resolve_ep(plan, None) == 2 and resolve_ep(plan, 2) == 2
-    with pytest.raises(ValueError, match=r"--ep=4 disagrees with the plan's ep=2"):
-        resolve_ep(plan, 4)
+def test_ep_flag_sets_the_plan_degree_or_must_agree():
+    plan = Plan(tp=1, pp=1, dp=2, micro_batch=1, global_batch=2)
+    assert with_ep(plan, None) is plan and with_ep(plan, 2).ep == 2
+    assert with_ep(plan, 2).id == "tp1-pp1-dp2-ep2-mb1-gb2"
+    with pytest.raises(PlanError, match=r"--ep=1 disagrees with the plan's ep=2"):
+        with_ep(with_ep(plan, 2), 1)
+    with pytest.raises(PlanError, match=r"ep=4"):              # the planner's folding rule
+        with_ep(plan, 4)
 
 
 def test_meshplan_run_rejects_a_bad_ep_in_one_line(write_plan, tiny_plan, spec, tmp_path):
@@ -168,7 +169,7 @@ def test_meshplan_run_rejects_a_bad_ep_in_one_line(write_plan, tiny_plan, spec, 
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     message = " ".join((result.stdout + result.stderr).split())
-    assert "ep=3 does not divide num_experts=4; use ep in [1, 2, 4]" in message
+    assert "ep=3" in message and "tp*cp*dp = 1*1*2 = 2" in message   # the planner's rule
     assert "Traceback" not in message
 
 
@@ -190,3 +191,31 @@ def test_meshplan_run_passes_ep_to_the_run(write_plan, tiny_plan, spec, tmp_path
     assert seen["ep"] == 2
     saved = json.loads((out / RUN_CONFIG_NAME).read_text())
     assert "--ep 2" in saved["command"]                  # the saved command reproduces the run
+
+
+@pytest.mark.parametrize("plan", [
+    Plan(tp=1, pp=2, dp=4, ep=2, micro_batch=1, global_batch=4),
+    Plan(tp=1, pp=1, dp=4, ep=4, micro_batch=1, global_batch=4),
+    Plan(tp=1, pp=2, dp=2, ep=2, micro_batch=1, global_batch=2, placement=("pp", "dp", "tp")),
+], ids=["pp2-dp4-ep2", "dp4-ep4", "pp-innermost"])
+def test_expert_mesh_groups_are_the_planner_layout(plan):
+    # the runtime's expert mesh and planner.mesh.expert_group_ranks (the one layout) agree
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from planner.mesh import expert_group_ranks, stage_ranks
+    from runtime.parallel.ep import build_expert_mesh
+    from runtime.parallelize import build_mesh
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
+    try:
+        grid = build_expert_mesh(build_mesh(plan), plan.ep)
+        names = grid.mesh_dim_names
+        for axis in ("ep", "edp"):
+            moved = grid.mesh.movedim(names.index(axis), -1).reshape(-1, getattr(plan, axis))
+            groups = {frozenset(row.tolist()) for row in moved}
+            for stage in range(plan.pp):
+                for index in range(len(stage_ranks(plan, stage))):
+                    want = expert_group_ranks(plan, axis, stage=stage, index=index)
+                    assert frozenset(want) in groups, (axis, stage, index)
+    finally:
+        dist.destroy_process_group()

@@ -16,18 +16,18 @@ from tests.runtime.test_faults import STEPS, launch
 
 @pytest.fixture(scope="module")
 def moe_plan_path(write_plan, tiny_plan):
-    return write_plan("moe-faults-ep2", tiny_plan(dp=2), load_model("tiny-moe"))
+    return write_plan("moe-faults-ep2", tiny_plan(dp=2, ep=2), load_model("tiny-moe"))
 
 
 @pytest.fixture(scope="module")
 def moe_uninterrupted(moe_plan_path, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("moe-uninterrupted")
-    return run_plan(moe_plan_path, steps=STEPS, out_dir=out, quiet=True, timeout_s=180, ep=2)
+    return run_plan(moe_plan_path, steps=STEPS, out_dir=out, quiet=True, timeout_s=180)
 
 
 def test_killed_expert_parallel_rank_resumes_bitwise(moe_plan_path, tmp_path,
                                                      moe_uninterrupted):
-    summary = launch(moe_plan_path, tmp_path, inject=["kill:rank=1,step=7"], ep=2,
+    summary = launch(moe_plan_path, tmp_path, inject=["kill:rank=1,step=7"],
                      timeout_s=240)
     assert summary["losses"] == moe_uninterrupted["losses"]      # bitwise, step by step
     assert summary["restarts"] == 1 and summary["steps_lost"] == 1
@@ -40,7 +40,7 @@ def test_expert_parallel_checkpoint_resumes_in_one_process(write_plan, tiny_plan
     # 6 steps at ep=2 (checkpoints at 3 and 6), then steps 7..10 in one process from that
     # checkpoint: the losses are the uninterrupted ep=2 run's, within float rounding (another
     # reduction order), so the resharded experts and optimizer state are the saved ones
-    first = launch(moe_plan_path, tmp_path / "first", steps=6, max_restarts=0, ep=2,
+    first = launch(moe_plan_path, tmp_path / "first", steps=6, max_restarts=0,
                    timeout_s=240)
     single = write_plan("moe-faults-single", tiny_plan(), load_model("tiny-moe"))
     then = launch(single, tmp_path / "then", resume=tmp_path / "first" / "checkpoints",
