@@ -322,6 +322,9 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
     elif pf.plan.dtype == "fp8":
         notes.append("dtype fp8 (delayed scaling) runs with torchao's dynamic per-tensor "
                      "(current) scaling")
+    if pf.plan.zero_stage > 0 and pf.plan.ep > 1 and pf.plan.edp > 1:
+        notes.append(f"zero_stage {pf.plan.zero_stage} shards the dense parameters only: each "
+                     f"rank keeps its experts whole, replicated over edp={pf.plan.edp}")
     if pf.plan.zero_stage in (1, 2):
         notes.append(f"zero_stage {pf.plan.zero_stage} runs as FSDP2 without resharding after "
                      "forward (sharded optimizer state and reduce-scattered gradients)")
