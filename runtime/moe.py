@@ -166,7 +166,6 @@ class MoE(nn.Module):
         dispatcher: moves token copies to their experts and back (`LocalDispatcher`, or
             `runtime.parallel.ep.AllToAllDispatcher` under expert parallelism).
         aux_grad_scale: the factor the step applies to the main loss (see `AttachAuxLoss`).
-        last_aux_loss: the auxiliary loss of the last forward (detached), for logging.
     """
 
     def __init__(self, spec: ModelSpec, shared: nn.Module | None = None) -> None:
@@ -177,7 +176,6 @@ class MoE(nn.Module):
         self.shared = shared
         self.dispatcher: LocalDispatcher = LocalDispatcher()
         self.aux_grad_scale = 1.0
-        self.last_aux_loss: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, h) -> (B, T, h)."""
@@ -194,7 +192,6 @@ class MoE(nn.Module):
         if self.shared is not None:
             out = out + self.shared(tokens)
         aux = load_balancing_loss(probs.view(b, t, -1), indices.view(b, t, -1))
-        self.last_aux_loss = aux.detach()
         out = AttachAuxLoss.apply(out, aux, AUX_LOSS_COEFF * self.aux_grad_scale)
         return out.view(b, t, h)
 

@@ -99,7 +99,8 @@ class AllToAllDispatcher:
         recv = per_source.sum(1).tolist()                                # rows from each rank
         received = all_to_all_single_autograd(routed, recv, send, self.group)   # (R, h)
         # received rows are ordered (source, local expert); the experts want (expert, source)
-        expert_of_row = torch.arange(local).repeat(ep).repeat_interleave(per_source.flatten())
+        expert_of_row = torch.arange(local, device=counts.device).repeat(ep) \
+            .repeat_interleave(per_source.flatten())                     # (R,)
         by_expert = expert_of_row.argsort(stable=True)                   # (R,)
         out = experts(received[by_expert], per_source.sum(0).tolist())   # (R, h)
         back = out[by_expert.argsort()]                                  # (source, expert)
