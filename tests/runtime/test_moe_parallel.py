@@ -60,3 +60,15 @@ def test_more_moe_plans_match_single_process(write_plan, tiny_plan, moe_model, m
                                              tmp_path, name, changes):
     run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), moe_reference,
                     model=moe_model)
+
+
+@pytest.mark.slow
+def test_deepseek_style_moe_under_ep2_matches_single_process(write_plan, tiny_plan, moe_model,
+                                                             tmp_path):
+    # sigmoid gates, grouped top-k, a shared expert and a leading dense block (DeepSeek-V3's
+    # router and layout) under ep=2
+    model = moe_model.replace(router="sigmoid", router_groups=2, router_group_topk=1,
+                              num_shared_experts=1, moe_first_dense_layers=1)
+    plan = tiny_plan(dp=2, ep=2)
+    run_and_compare(write_plan, tmp_path, "moe-deepseek-ep2", plan,
+                    reference_run(model, tiny_plan(), STEPS), model=model)
