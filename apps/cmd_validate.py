@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from apps.format import fmt_pct, fmt_time_s, print_table, write_csv
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 COLUMNS = {"id": ("id", None), "model": ("model", None), "num_gpus": ("gpus", None),
            "tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
@@ -100,6 +102,8 @@ def print_loso(console: Console, entries: list[dict], iters: int) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
+    from rich.console import Console  # here, not at import: `--help` stays fast
+
     from simulator.validation.validate import validate_runs
     if getattr(args, "loso", False):
         if args.loso_iters < 0:
