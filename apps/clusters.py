@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner.precision import storage_dtype
 from planner.spec import Plan, PlanError
 
 if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
@@ -108,7 +109,8 @@ def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> Clus
     return ClusterRef(name=cluster.name, nodes=cluster.num_nodes,
                       ranks=plan.world_size if localhost else None, path=path,
                       cpu_profile=profile.path if profile is not None and profile.path else None,
-                      peak_flops_per_device=cluster.device.peak(plan.dtype), spec=spec)
+                      peak_flops_per_device=cluster.device.peak(storage_dtype(plan.dtype)),
+                      spec=spec)
 
 
 def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluster:

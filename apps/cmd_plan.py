@@ -37,7 +37,8 @@ PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_t
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
 #: Further plan fields the JSON rows carry when the search table has them (as --csv does).
 PLAN_JSON_EXTRA = ["cp", "virtual_stages", "schedule", "recompute", "zero_stage",
-                   "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s"]
+                   "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s",
+                   "ep", "etp", "dtype"]
 PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
               "micro_batch": ("mb", None), "virtual_stages": ("v", None),
               "zero_stage": ("zero", None), "recompute": ("ac", fmt_recompute),
@@ -107,6 +108,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if "cp" in ranked and (ranked["cp"].head(args.top) > 1).any():
                 columns = {"tp": columns["tp"], "cp": ("cp", None),
                            **{k: v for k, v in columns.items() if k != "tp"}}
+            if model.is_moe:
+                columns = _with_expert_columns(columns, ranked.head(args.top))
             columns.update({k: v for k, v in goodput_table_columns().items() if k in ranked})
             columns.update({k: v for k, v in train_table_columns().items() if k in ranked
                             and (k != "cost_usd" or ranked[k].notna().any())})
@@ -114,6 +117,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if (shown["placement"] != "tp.dp.pp").any():
                 # Rows that differ only in rank placement would look identical without it.
                 columns["placement"] = ("order", None)
+            if (shown["dtype"] != shown["dtype"].iloc[0]).any() or \
+                    shown["dtype"].iloc[0] not in ("bf16", "fp32"):
+                columns["dtype"] = ("dtype", None)
             print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")
@@ -136,6 +142,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
     # blocks them), so this is bad input, exit 2, also with --json.
     return 0 if not ranked.empty else 2
+
+
+def _with_expert_columns(columns: dict, shown) -> dict:
+    # ep (and etp when some shown plan splits experts) right after dp for an MoE model.
+    out = {}
+    for key, value in columns.items():
+        out[key] = value
+        if key == "dp":
+            out["ep"] = ("ep", None)
+            if (shown["etp"] > 1).any():
+                out["etp"] = ("etp", None)
+    return out
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

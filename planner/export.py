@@ -20,6 +20,15 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 _MEGATRON_ORDERS = {("tp", "dp", "pp"): None, ("tp", "pp", "dp"): "--use-tp-pp-dp-mapping"}
 #: torch.distributed.pipelining schedule names (``get_schedule_class``) of meshplan schedules.
 _TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+#: Low-precision recipes (`planner.precision`): Megatron-LM (format flag, format, recipe
+#: flag, recipe); delayed scaling is its "delayed" recipe, current scaling "tensorwise".
+_MEGATRON_RECIPES = {"fp8": ("--fp8-format", "hybrid", "--fp8-recipe", "delayed"),
+                     "fp8-current": ("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"),
+                     "mxfp8": ("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"),
+                     "nvfp4": ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")}
+#: torchtitan model converters and their config sections (torchao float8 / MX linears).
+_TITAN_RECIPES = {"fp8-current": ("quantize.linear.float8", {"recipe_name": "tensorwise"}),
+                  "mxfp8": ("quantize.linear.mx", {"recipe_name": "mxfp8_cublas"})}
 
 
 @dataclass
@@ -89,12 +98,18 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
         add("--recompute-num-layers", 1)
     elif plan.recompute == "selective":
         add("--recompute-granularity", "selective")
-    if plan.dtype in ("bf16", "fp8"):
-        add("--bf16")
-    elif plan.dtype == "fp16":
+    if plan.dtype == "fp16":
         add("--fp16")
-    if plan.dtype == "fp8":
-        add("--fp8-format", "hybrid")
+    elif plan.dtype not in ("fp32", "tf32"):
+        add("--bf16")  # bf16, and the bf16 around a low-precision recipe's GEMMs
+    if plan.dtype in _MEGATRON_RECIPES:
+        fmt_flag, fmt, recipe_flag, recipe = _MEGATRON_RECIPES[plan.dtype]
+        add(fmt_flag, fmt)
+        add(recipe_flag, recipe)
+    if getattr(plan, "ep", 1) > 1:
+        add("--expert-model-parallel-size", plan.ep)
+    if getattr(plan, "etp", 1) > 1:
+        add("--expert-tensor-parallel-size", plan.etp)
     if plan.placement not in _MEGATRON_ORDERS:
         out.unsupported.append(f"placement={'.'.join(plan.placement)}: Megatron-LM orders ranks "
                                "tp-cp-ep-dp-pp or tp-cp-ep-pp-dp only")
@@ -196,9 +211,20 @@ def to_torchtitan(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> 
     train["mixed_precision_param"] = "float32" if plan.dtype in ("fp32", "tf32") else "bfloat16"
     if plan.dtype == "fp16":
         out.unsupported.append("dtype=fp16: torchtitan trains in bfloat16 or float32")
+    recipe = "fp8-current" if plan.dtype == "fp8" else plan.dtype
     if plan.dtype == "fp8":
-        sections["model"]["converters"] = ["quantize.linear.float8"]
-        sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
+        out.unsupported.append("dtype=fp8 (delayed scaling): torchao's float8 linears scale "
+                               "from the current tensor; tensorwise shown")
+    if recipe in _TITAN_RECIPES:
+        converter, values = _TITAN_RECIPES[recipe]
+        sections["model"]["converters"] = [converter]
+        sections[converter] = dict(values)
+    elif plan.dtype == "nvfp4":
+        out.unsupported.append("dtype=nvfp4: torchtitan has no NVFP4 linear converter")
+    if getattr(plan, "ep", 1) > 1:
+        par["expert_parallel_degree"] = plan.ep
+    if getattr(plan, "etp", 1) > 1:
+        par["expert_tensor_parallel_degree"] = plan.etp
     ac = sections["activation_checkpoint"]
     ac["mode"] = plan.recompute
     if plan.recompute == "selective":
@@ -225,10 +251,14 @@ def to_deepspeed(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> E
         "zero_optimization": {"stage": plan.zero_stage}}
     if plan.dtype in ("bf16", "fp16"):
         cfg[plan.dtype] = {"enabled": True}
-    elif plan.dtype == "fp8":
+    elif plan.dtype not in ("fp32", "tf32"):
         cfg["bf16"] = {"enabled": True}
-        out.unsupported.append("dtype=fp8: DeepSpeed has no FP8 setting; FP8 GEMMs come from "
-                               "Transformer Engine layers in the model code")
+        out.unsupported.append(f"dtype={plan.dtype}: DeepSpeed has no low-precision GEMM "
+                               "setting; those come from Transformer Engine layers in the "
+                               "model code")
+    if getattr(plan, "ep", 1) > 1:
+        out.unsupported.append(f"ep={plan.ep}: experts are sharded in code "
+                               f"(deepspeed.moe.layer.MoE(ep_size={plan.ep})), not in the JSON")
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
         if plan.zero_stage == 3:
