@@ -14,11 +14,11 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.planfile import ClusterRef, PlanFile
 from planner.precision import storage_dtype
 from planner.spec import Plan, PlanError
 
 if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
+    from planner.planfile import ClusterRef, PlanFile
     from simulator.network.cluster import Cluster
 
 #: What ``--cpu-profile`` means when it is not given, for a cluster named by flags.
@@ -97,6 +97,7 @@ def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> Clus
     recorded as the file's path when it is not a preset)."""
     import yaml
 
+    from planner.planfile import ClusterRef
     from simulator.network.cluster import cluster_names
     localhost = cluster.nics_per_node == 0
     path = spec = None

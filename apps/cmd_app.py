@@ -31,6 +31,9 @@ def streamlit_command(port: int = 8501, address: str = "127.0.0.1",
 def cmd_app(args: argparse.Namespace) -> int:
     """Become the streamlit server (exec): signals sent to `meshplan app` reach it directly,
     so stopping the command never leaves an orphan server behind."""
+    from planner.spec import PlanError
+    if not 1 <= args.port <= 65535:
+        raise PlanError(f"--port={args.port} must be a TCP port in 1..65535 (default 8501)")
     print(f"meshplan explorer on http://{args.address}:{args.port} (Ctrl-C stops it)",
           file=sys.stderr, flush=True)
     command = streamlit_command(args.port, args.address, not args.browser)

@@ -16,6 +16,9 @@ from apps.format import command_console
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from planner.spec import PlanError
+    if args.steps < 1:  # checked before the first run starts
+        raise PlanError(f"--steps={args.steps} must be >= 1 (steps each plan runs; default 12)")
     from apps.compare import DEFAULT_PLANS, compare, plan_indices
     console = command_console(args)
     plans = None if getattr(args, "sweep", False) else DEFAULT_PLANS

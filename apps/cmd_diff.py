@@ -31,6 +31,8 @@ def difference_sentence(a, b, rows) -> str:
     ta, tb = a.prediction.step_time_s, b.prediction.step_time_s
     faster = "B" if tb < ta else "A"
     gap, slow = abs(ta - tb), max(ta, tb)
+    if gap <= 0.005 * slow:
+        return f"A and B predict the same step within 0.5% ({fmt_time_s(ta)})."
     what = name if section in ("bubble", name) else f"{section} {name}"
     return (f"{faster} is {fmt_time_s(gap)} per step faster ({gap / slow:.0%}); the largest "
             f"change is {what}: {fmt_time_s(va)} in A, {fmt_time_s(vb)} in B.")

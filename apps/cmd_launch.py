@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 from apps.format import command_console
-from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
 from planner.spec import PlanError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +69,7 @@ def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> Non
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
+    from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
     console = command_console(args)
     for flag, value in (("--nodes", args.nodes), ("--steps", args.steps)):
         if value is not None and value < 1:

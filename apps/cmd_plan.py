@@ -30,7 +30,6 @@ from apps.train_options import (
     train_table_columns,
     train_tokens,
 )
-from planner.planfile import PlanFile, write_plan_file
 from planner.presets import load_model, model_names
 from planner.spec import PlanError
 
@@ -133,6 +132,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
     report(console, args, result)
     if args.out:
+        from planner.planfile import PlanFile, write_plan_file
         best = result.best
         pred = result.predictions[best.id]
         write_plan_file(args.out, PlanFile(

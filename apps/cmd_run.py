@@ -42,7 +42,28 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"{fmt_rate(summary['tokens_per_s'])} tokens/s")
         if (line := restart_line(summary)) is not None and summary["restarts"]:
             console.print(line, highlight=False)
+        if (line := predicted_line(summary)) is not None:
+            console.print(line, highlight=False)
     return 0
+
+
+def predicted_line(summary: dict) -> str | None:
+    """``predicted vs measured: step 0.41 s vs 0.44 s (error -6.0%), ...`` from summary.json's
+    ``prediction`` (the plan file's) and the run's median figures; None without a prediction.
+    The error is predicted / measured − 1 (`simulator.validation.report.rel_error`, as
+    `meshplan compare` reports it)."""
+    pred = summary.get("prediction") or {}
+    if not pred.get("step_time_s") or not summary.get("step_time_s"):
+        return None
+    from simulator.validation.report import rel_error
+    parts = [f"step {fmt_time_s(pred['step_time_s'])} vs {fmt_time_s(summary['step_time_s'])}"
+             f" (error {rel_error(pred['step_time_s'], summary['step_time_s']):+.1%})"]
+    if pred.get("tokens_per_s") and summary.get("tokens_per_s"):
+        parts.append(f"tokens/s {fmt_rate(pred['tokens_per_s'])} vs "
+                     f"{fmt_rate(summary['tokens_per_s'])}")
+    if pred.get("mfu") is not None and summary.get("mfu") is not None:
+        parts.append(f"MFU {pred['mfu']:.1%} vs {summary['mfu']:.1%}")
+    return "predicted vs measured: " + ", ".join(parts)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import print_table, write_csv
 from planner.spec import PlanError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 #: Accepted spellings of each collective (nccl-tests names included).
@@ -92,6 +94,7 @@ def collective_rows(cluster, op: str, sizes: list[int], ranks: int | None,
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
+    from rich.console import Console  # here, not at import: `--help` stays fast
     op = parse_op(args.op)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes:
@@ -123,6 +126,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
+    from rich.console import Console  # here, not at import: `--help` stays fast
+
     from simulator.network.topology import draw_png, summary
     cluster = _load(args, args.ranks)
     info = summary(cluster)

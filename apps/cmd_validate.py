@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from apps.format import fmt_pct, fmt_time_s, print_table, write_csv
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 COLUMNS = {"id": ("id", None), "model": ("model", None), "num_gpus": ("gpus", None),
            "tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
@@ -150,6 +152,8 @@ def _held_out(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
+    from rich.console import Console  # here, not at import: `--help` stays fast
+
     from simulator.validation.validate import validate_runs
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         if not Path(args.runs).is_file():

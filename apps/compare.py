@@ -12,8 +12,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
 from apps.clusters import cluster_from_flags, cluster_ref
 from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table
 from planner.planfile import PlanFile, write_plan_file
@@ -22,6 +20,7 @@ from planner.spec import ModelSpec, Plan, PlanError
 
 if TYPE_CHECKING:       # pandas, matplotlib and the simulator load when a sweep runs
     import pandas as pd
+    from rich.console import Console
 
     from simulator.network.cluster import Cluster
 
@@ -143,7 +142,9 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
 
     from runtime.launch import run_plan
     from simulator.validation.report import rel_error
-    console = console or Console()
+    if console is None:
+        from rich.console import Console  # here: `calibrate --help` reads this module
+        console = Console()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen = sweep_plans(plans)

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
 if TYPE_CHECKING:
     import pandas as pd
+    from rich.console import Console
 
 GiB = 2**30
 
@@ -77,6 +76,7 @@ def fmt_params(n: int) -> str:
 def command_console(args) -> Console:
     """The console a command prints its human output on: stderr under ``--json``, so stdout
     holds one JSON object."""
+    from rich.console import Console  # imported here: `--help` never loads rich
     return Console(stderr=bool(getattr(args, "json", False)))
 
 

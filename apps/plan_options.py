@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from apps.format import fmt_bytes, print_table
 from planner.precision import PLAN_DTYPES
-from planner.space import SearchSpace
 from planner.spec import PlanError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from planner.space import SearchSpace
 
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage", "ep",
                "etp")
@@ -78,6 +81,7 @@ def parse_fixed(items: list[str]) -> SearchSpace:
         if not sep or not values:
             raise PlanError(f"--fix {item!r} must look like FIELD=VALUE[,VALUE...]")
         fixed[name] = tuple(_value(name, v.strip()) for v in values.split(","))
+    from planner.space import SearchSpace
     return SearchSpace.from_fixed(fixed)
 
 

@@ -20,6 +20,15 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 _MEGATRON_ORDERS = {("tp", "dp", "pp"): None, ("tp", "pp", "dp"): "--use-tp-pp-dp-mapping"}
 #: torch.distributed.pipelining schedule names (``get_schedule_class``) of meshplan schedules.
 _TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+#: Low-precision recipes (`planner.precision`): Megatron-LM (format flag, format, recipe
+#: flag, recipe); delayed scaling is its "delayed" recipe, current scaling "tensorwise".
+_MEGATRON_RECIPES = {"fp8": ("--fp8-format", "hybrid", "--fp8-recipe", "delayed"),
+                     "fp8-current": ("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"),
+                     "mxfp8": ("--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"),
+                     "nvfp4": ("--fp4-format", "e2m1", "--fp4-recipe", "nvfp4")}
+#: torchtitan model converters and their config sections (torchao float8 / MX linears).
+_TITAN_RECIPES = {"fp8-current": ("quantize.linear.float8", {"recipe_name": "tensorwise"}),
+                  "mxfp8": ("quantize.linear.mx", {"recipe_name": "mxfp8_cublas"})}
 
 
 @dataclass
@@ -59,22 +68,7 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
         add("--context-parallel-size", plan.cp)
     if plan.sequence_parallel:
         add("--sequence-parallel")
-    edges = _even_edges(plan, model)
-    if plan.virtual_stages > 1:
-        if edges and edges[0] == edges[1] == edges[2]:
-            add("--num-layers-per-virtual-pipeline-stage", edges[1])
-        else:
-            out.unsupported.append(f"stage_layers={list(plan.layers_per_stage(model))}: uneven "
-                                   "chunks with virtual stages need --pipeline-model-parallel-"
-                                   "layout written by hand")
-    elif plan.pp > 1 and edges and (edges[0], edges[2]) != (edges[1], edges[1]):
-        add("--decoder-first-pipeline-num-layers", edges[0])
-        add("--decoder-last-pipeline-num-layers", edges[2])
-    elif plan.pp > 1 and not edges:
-        out.unsupported.append(f"stage_layers={list(plan.stage_layers)}: Megatron-LM sets only "
-                               "the first and last stage apart from the rest")
-    if plan.schedule == "gpipe":
-        out.unsupported.append("schedule=gpipe: Megatron-LM runs 1F1B or interleaved 1F1B only")
+    _megatron_layers(model, plan, add, out.unsupported)
     add("--micro-batch-size", plan.micro_batch)
     add("--global-batch-size", plan.global_batch)
     if plan.zero_stage == 1:
@@ -89,12 +83,11 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
         add("--recompute-num-layers", 1)
     elif plan.recompute == "selective":
         add("--recompute-granularity", "selective")
-    if plan.dtype in ("bf16", "fp8"):
-        add("--bf16")
-    elif plan.dtype == "fp16":
-        add("--fp16")
-    if plan.dtype == "fp8":
-        add("--fp8-format", "hybrid")
+    _megatron_precision(plan, add)
+    if getattr(plan, "ep", 1) > 1:
+        add("--expert-model-parallel-size", plan.ep)
+    if getattr(plan, "etp", 1) > 1:
+        add("--expert-tensor-parallel-size", plan.etp)
     if plan.placement not in _MEGATRON_ORDERS:
         out.unsupported.append(f"placement={'.'.join(plan.placement)}: Megatron-LM orders ranks "
                                "tp-cp-ep-dp-pp or tp-cp-ep-pp-dp only")
@@ -106,6 +99,39 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
     out.names = [flag for flag, _ in args]
     out.text = " \\\n".join(flag if value is None else f"{flag} {value}" for flag, value in args)
     return out
+
+
+def _megatron_layers(model: ModelSpec, plan: Plan, add, unsupported: list[str]) -> None:
+    # Layers per pipeline stage and chunk: uniform virtual stages, or the first and last
+    # stage set apart (Llama 3's edge split); the schedule Megatron-LM cannot run.
+    edges = _even_edges(plan, model)
+    if plan.virtual_stages > 1:
+        if edges and edges[0] == edges[1] == edges[2]:
+            add("--num-layers-per-virtual-pipeline-stage", edges[1])
+        else:
+            unsupported.append(f"stage_layers={list(plan.layers_per_stage(model))}: uneven "
+                               "chunks with virtual stages need --pipeline-model-parallel-"
+                               "layout written by hand")
+    elif plan.pp > 1 and edges and (edges[0], edges[2]) != (edges[1], edges[1]):
+        add("--decoder-first-pipeline-num-layers", edges[0])
+        add("--decoder-last-pipeline-num-layers", edges[2])
+    elif plan.pp > 1 and not edges:
+        unsupported.append(f"stage_layers={list(plan.stage_layers)}: Megatron-LM sets only "
+                           "the first and last stage apart from the rest")
+    if plan.schedule == "gpipe":
+        unsupported.append("schedule=gpipe: Megatron-LM runs 1F1B or interleaved 1F1B only")
+
+
+def _megatron_precision(plan: Plan, add) -> None:
+    # 16-bit training flag, and the low-precision GEMM recipe around it.
+    if plan.dtype == "fp16":
+        add("--fp16")
+    elif plan.dtype not in ("fp32", "tf32"):
+        add("--bf16")  # bf16, and the bf16 around a low-precision recipe's GEMMs
+    if plan.dtype in _MEGATRON_RECIPES:
+        fmt_flag, fmt, recipe_flag, recipe = _MEGATRON_RECIPES[plan.dtype]
+        add(fmt_flag, fmt)
+        add(recipe_flag, recipe)
 
 
 def _megatron_model(model: ModelSpec, add) -> None:
@@ -152,15 +178,42 @@ def to_torchtitan(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> 
     else:
         out.unsupported.append(f"model={model.name}: torchtitan builds models from registered "
                                "flavors; register one with these ModelSpec fields")
-    par = sections["parallelism"]
+    sections["parallelism"] = _titan_parallelism(model, plan, out.unsupported)
+    train = sections["training"]
+    train["local_batch_size"] = plan.global_batch // plan.dp
+    train["global_batch_size"] = plan.global_batch
+    train["seq_len"] = model.seq_len
+    if steps is not None:
+        train["steps"] = steps
+    train["mixed_precision_param"] = "float32" if plan.dtype in ("fp32", "tf32") else "bfloat16"
+    _titan_precision(plan, sections, out.unsupported)
+    ac = sections["activation_checkpoint"]
+    ac["mode"] = plan.recompute
+    if plan.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    lines = []
+    for section, values in sections.items():
+        if values:
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+            lines.append("")
+            out.names += [f"{section}.{k}" for k in values]
+    out.text = "\n".join(lines).rstrip() + "\n"
+    return out
+
+
+def _titan_parallelism(model: ModelSpec, plan: Plan, unsupported: list[str]) -> dict:
+    # The [parallelism] section: DDP or FSDP2 degrees, TP / CP / PP / EP, the schedule and
+    # the layers per pipeline stage.
+    par: dict[str, object] = {}
     sharded = plan.zero_stage >= 2 or (plan.zero_stage == 0 and plan.world_size > plan.dp)
     if plan.zero_stage == 1:
-        out.unsupported.append("zero_stage=1: torchtitan shards with FSDP2 (ZeRO-2/3) or "
-                               "replicates (DDP); ZeRO-2 (reshard never) is the closest")
+        unsupported.append("zero_stage=1: torchtitan shards with FSDP2 (ZeRO-2/3) or "
+                           "replicates (DDP); ZeRO-2 (reshard never) is the closest")
         sharded = True
     if plan.zero_stage == 0 and sharded:
-        out.unsupported.append("zero_stage=0: torchtitan's DDP runs only without TP/PP/CP "
-                               "(\"DDP has not supported > 1D parallelism\"); ZeRO-2 shown")
+        unsupported.append("zero_stage=0: torchtitan's DDP runs only without TP/PP/CP "
+                           "(\"DDP has not supported > 1D parallelism\"); ZeRO-2 shown")
     par["data_parallel_replicate_degree"] = 1 if sharded else plan.dp
     par["data_parallel_shard_degree"] = plan.dp if sharded else 1
     if sharded:
@@ -179,39 +232,35 @@ def to_torchtitan(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> 
             par["pipeline_parallel_first_stage_less_layers"] = edges[1] - edges[0]
             par["pipeline_parallel_last_stage_less_layers"] = edges[1] - edges[2]
         else:
-            out.unsupported.append(f"stage_layers={list(plan.layers_per_stage(model))}: write "
-                                   "module_fqns_per_model_part by hand")
+            unsupported.append(f"stage_layers={list(plan.layers_per_stage(model))}: write "
+                               "module_fqns_per_model_part by hand")
+    if getattr(plan, "ep", 1) > 1:
+        par["expert_parallel_degree"] = plan.ep
+    if getattr(plan, "etp", 1) > 1:
+        par["expert_tensor_parallel_degree"] = plan.etp
     if plan.tp > 1 and not plan.sequence_parallel:
-        out.unsupported.append("sequence_parallel=false: torchtitan always shards norms and "
-                               "dropout over TP (sequence parallelism)")
+        unsupported.append("sequence_parallel=false: torchtitan always shards norms and "
+                           "dropout over TP (sequence parallelism)")
     if plan.placement != ("tp", "dp", "pp"):
-        out.unsupported.append(f"placement={'.'.join(plan.placement)}: torchtitan's mesh is "
-                               "pp, dp_replicate, dp_shard, cp, tp (tp innermost) only")
-    train = sections["training"]
-    train["local_batch_size"] = plan.global_batch // plan.dp
-    train["global_batch_size"] = plan.global_batch
-    train["seq_len"] = model.seq_len
-    if steps is not None:
-        train["steps"] = steps
-    train["mixed_precision_param"] = "float32" if plan.dtype in ("fp32", "tf32") else "bfloat16"
+        unsupported.append(f"placement={'.'.join(plan.placement)}: torchtitan's mesh is "
+                           "pp, dp_replicate, dp_shard, cp, tp (tp innermost) only")
+    return par
+
+
+def _titan_precision(plan: Plan, sections: dict, unsupported: list[str]) -> None:
+    # The low-precision converter (torchao float8 / MX linears) and its section.
     if plan.dtype == "fp16":
-        out.unsupported.append("dtype=fp16: torchtitan trains in bfloat16 or float32")
+        unsupported.append("dtype=fp16: torchtitan trains in bfloat16 or float32")
+    recipe = "fp8-current" if plan.dtype == "fp8" else plan.dtype
     if plan.dtype == "fp8":
-        sections["model"]["converters"] = ["quantize.linear.float8"]
-        sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
-    ac = sections["activation_checkpoint"]
-    ac["mode"] = plan.recompute
-    if plan.recompute == "selective":
-        ac["selective_ac_option"] = "op"
-    lines = []
-    for section, values in sections.items():
-        if values:
-            lines.append(f"[{section}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
-            lines.append("")
-            out.names += [f"{section}.{k}" for k in values]
-    out.text = "\n".join(lines).rstrip() + "\n"
-    return out
+        unsupported.append("dtype=fp8 (delayed scaling): torchao's float8 linears scale "
+                           "from the current tensor; tensorwise shown")
+    if recipe in _TITAN_RECIPES:
+        converter, values = _TITAN_RECIPES[recipe]
+        sections["model"]["converters"] = [converter]
+        sections[converter] = dict(values)
+    elif plan.dtype == "nvfp4":
+        unsupported.append("dtype=nvfp4: torchtitan has no NVFP4 linear converter")
 
 
 def to_deepspeed(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Export:
@@ -225,10 +274,14 @@ def to_deepspeed(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> E
         "zero_optimization": {"stage": plan.zero_stage}}
     if plan.dtype in ("bf16", "fp16"):
         cfg[plan.dtype] = {"enabled": True}
-    elif plan.dtype == "fp8":
+    elif plan.dtype not in ("fp32", "tf32"):
         cfg["bf16"] = {"enabled": True}
-        out.unsupported.append("dtype=fp8: DeepSpeed has no FP8 setting; FP8 GEMMs come from "
-                               "Transformer Engine layers in the model code")
+        out.unsupported.append(f"dtype={plan.dtype}: DeepSpeed has no low-precision GEMM "
+                               "setting; those come from Transformer Engine layers in the "
+                               "model code")
+    if getattr(plan, "ep", 1) > 1:
+        out.unsupported.append(f"ep={plan.ep}: experts are sharded in code "
+                               f"(deepspeed.moe.layer.MoE(ep_size={plan.ep})), not in the JSON")
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
         if plan.zero_stage == 3:

@@ -16,7 +16,8 @@ PRESET_DIR = Path(__file__).with_name("presets")
 @lru_cache(maxsize=1)
 def _model_presets() -> dict[str, dict]:
     with open(PRESET_DIR / "models.yaml", encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        # libyaml's loader when PyYAML has it: the presets are read for every `--help`
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def model_names() -> list[str]:

@@ -35,6 +35,10 @@ GiB = 2**30
 CLOSEST_KEPT = 5
 #: The SimPy tier simulates at most this many times top_k extra plans (see `refine`).
 EXTRA_REFINE = 2
+#: Plans with more micro-batches per step than this keep their closed-form estimate: SimPy
+#: cost grows with the micro-batch count, and past the fill and drain every 1F1B round is the
+#: same, where the closed form follows SimPy within 1% (docs/planner.md, "Simulator speed").
+MAX_SIMULATED_MICROBATCHES = 4096
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,7 @@ def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPr
     (event order, P2P waits, straggling replicas); this second pass keeps a plan it overrates
     from being lost.
     """
+    screened = [(p, e) for p, e in screened if p.num_microbatches <= MAX_SIMULATED_MICROBATCHES]
     sims = {p.id: simulate(model, p, cluster, overlap_dp=overlap_dp) for p, _ in
             screened[:top_k]}
     if not sims or len(screened) <= top_k:

@@ -58,3 +58,11 @@ def test_diff_table_names_the_largest_change(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     # sequence parallelism splits the norms and dropouts over tp (Korthikanti et al. 2022)
     assert "the largest change is compute memory-bound" in out
+
+
+def test_diff_of_a_plan_with_itself_says_they_are_the_same(tmp_path, capsys):
+    a, _, _ = _plan_file(tmp_path, "a.yaml", Plan(tp=8, pp=1, dp=2, micro_batch=4,
+                                                     global_batch=64))
+    assert main(["diff", a, a, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"].startswith(
+        "A and B predict the same step within 0.5%")

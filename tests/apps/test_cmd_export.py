@@ -23,8 +23,11 @@ PLANS = [
          virtual_stages=2, recompute="selective", dtype="fp8", placement=("tp", "pp", "dp")),
     Plan(tp=1, pp=1, dp=8, cp=2, micro_batch=1, global_batch=8, zero_stage=3, dtype="fp16"),
     Plan(tp=4, pp=1, dp=2, micro_batch=1, global_batch=8, zero_stage=1),
+    Plan(tp=2, pp=2, dp=4, ep=4, etp=2, micro_batch=1, global_batch=16, dtype="mxfp8"),
+    Plan(tp=2, pp=1, dp=2, ep=2, micro_batch=1, global_batch=8, dtype="nvfp4", zero_stage=1),
 ]
-MODELS = {0: "llama3-405b", 1: "llama3-8b", 2: "llama3-8b", 3: "tiny-gpt"}
+MODELS = {0: "llama3-405b", 1: "llama3-8b", 2: "llama3-8b", 3: "tiny-gpt", 4: "mixtral-8x7b",
+          5: "tiny-moe"}
 
 
 def _check(framework: str, name: str, value: object) -> None:
@@ -94,6 +97,20 @@ def test_llama3_405b_plan_by_hand():
     # DeepSpeed: train_batch_size = micro-batch x accumulation x dp = 1 x 16 x 128
     assert ds["gradient_accumulation_steps"] == 16
     assert any(r.startswith("pp=16") for r in export_plan(model, plan, "deepspeed").unsupported)
+
+
+def test_precision_recipes_and_experts_by_name():
+    # Megatron-LM: MXFP8 is --fp8-format e4m3 with --fp8-recipe mxfp8; EP and ETP their sizes
+    model, plan = load_model("mixtral-8x7b"), PLANS[4]
+    args = dict(_megatron_args(export_plan(model, plan, "megatron").text))
+    assert (args["--fp8-format"], args["--fp8-recipe"]) == ("e4m3", "mxfp8")
+    assert (args["--expert-model-parallel-size"], args["--expert-tensor-parallel-size"]) == \
+        ("4", "2")
+    titan = tomllib.loads(export_plan(model, plan, "torchtitan").text)
+    assert titan["model"]["converters"] == ["quantize.linear.mx"]
+    assert titan["parallelism"]["expert_parallel_degree"] == 4
+    nvfp4 = export_plan(load_model("tiny-moe"), PLANS[5], "torchtitan")
+    assert any(r.startswith("dtype=nvfp4") for r in nvfp4.unsupported)
 
 
 def test_export_cli_prints_text_and_reasons(tmp_path, capsys):

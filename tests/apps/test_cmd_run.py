@@ -106,3 +106,17 @@ def test_fault_beyond_the_last_step_exits_2(plan_path, capsys, run_plan_calls):
     assert "--inject kill:rank=1,step=50: step=50 is beyond --steps 4" in err
     assert "use a step from 1 to 4, or --steps 50 or more" in err
     assert run_plan_calls == []
+
+
+def test_run_ends_with_predicted_against_measured(plan_path, capsys, monkeypatch):
+    import runtime.launch
+    # summary.json carries the plan file's prediction beside the measured median step
+    summary = {"plan_id": "tp1-pp2-dp1-mb2-gb8", "steps": 10, "final_loss": 3.5,
+               "step_time_s": 0.25, "tokens_per_s": 4096.0, "mfu": 0.2,
+               "prediction": {"step_time_s": 0.2, "tokens_per_s": 5120.0, "mfu": 0.25}}
+    monkeypatch.setattr(runtime.launch, "run_plan", lambda plan, **kwargs: summary)
+    assert main(["run", str(plan_path), "--steps", "10"]) == 0
+    out = one_line(capsys.readouterr().out)
+    # by hand: 0.2 / 0.25 − 1 = −20%
+    assert "predicted vs measured: step 200.0 ms vs 250.0 ms (error -20.0%)" in out
+    assert "MFU 25.0% vs 20.0%" in out

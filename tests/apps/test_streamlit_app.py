@@ -5,6 +5,7 @@ widgets by their keys, and checks what the page shows against the library calls 
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -150,7 +151,9 @@ def test_custom_model_with_bad_heads_shows_the_fix():
 def test_no_legal_plan_lists_the_commonest_reasons():
     at = _app(model_preset="llama3-405b")  # 405B on 16 GPUs: nothing fits
     assert at.error and at.error[0].value.startswith("no legal plan:")
-    assert "out of memory: stage 0 needs" in at.error[0].value
+    # the heaviest stage is named: with one layer fewer on the edge stages (126 layers on
+    # pp=4: 31, 32, 32, 31) it is a middle one
+    assert re.search(r"out of memory: stage \d+ needs", at.error[0].value)
     assert at.warning and at.warning[0].value.startswith("no plan fits:")
 
 

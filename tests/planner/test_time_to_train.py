@@ -1,5 +1,6 @@
 """Time to train and the per-plan checkpoint: plans differ in checkpoint time and goodput."""
 
+import csv
 import json
 
 import pytest
@@ -47,9 +48,9 @@ def _plan_json(capsys, *extra):
     return json.loads(capsys.readouterr().out)
 
 
-def test_time_to_train_days_gpu_hours_cost_by_hand(capsys):
+def test_time_to_train_days_gpu_hours_cost_by_hand(capsys, tmp_path):
     data = _plan_json(capsys, "--tokens", "1T", "--gpu-hour-usd", "2.5",
-                      "--objective", "time-to-train")
+                      "--objective", "time-to-train", "--csv", str(tmp_path))
     rows = data["plans"]
     # by hand: wall = tokens / (tokens/s × goodput); GPU-hours = wall hours × 16 devices
     for row in rows[:5]:
@@ -62,6 +63,10 @@ def test_time_to_train_days_gpu_hours_cost_by_hand(capsys):
     assert data["train_assumptions"]["tokens"] == 1e12
     # the checkpoint depends on the plan: not every plan gets the same goodput
     assert len({round(r["goodput"], 6) for r in rows}) > 1
+    with open(tmp_path / "ranked.csv") as f:
+        first = next(csv.DictReader(f))
+    assert first["id"] == rows[0]["id"]
+    assert float(first["wall_days"]) == pytest.approx(rows[0]["wall_days"])
 
 
 def test_steps_budget_is_steps_times_batch_tokens(capsys):
