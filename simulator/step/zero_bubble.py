@@ -17,6 +17,7 @@ the bubble formulas of `bubble_formula_s`.
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 import simpy
 
@@ -173,37 +174,60 @@ def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
     return pipeline_result(pipe)
 
 
+@lru_cache(maxsize=256)
+def _dependencies(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple, ...], ...]:
+    # Per rank, per step: (step, the arrival keys it waits for, the keys it produces with
+    # whether each crosses to another rank and the chunk whose send time it takes, and
+    # which P2P direction). Cached: the planner asks for the same shapes many times.
+    last_g, ranks = pp * v - 1, []
+    for r in range(pp):
+        steps = []
+        for step in rank_order(schedule, pp, m, r, v):
+            needs = tuple([("F", g, k) for kind, g, k in step if kind == "F" and g > 0]
+                          + [("B", g, k) for kind, g, k in step
+                             if kind in ("B", "BW") and g < last_g])
+            makes = []
+            for kind, g, k in step:
+                if kind == "F" and g < last_g:
+                    makes.append((("F", g + 1, k), chunk_rank(schedule, pp, g + 1) != r, g, 0))
+                elif kind in ("B", "BW") and g > 0:
+                    makes.append((("B", g - 1, k), chunk_rank(schedule, pp, g - 1) != r, g, 1))
+            steps.append((step, needs, tuple(makes)))
+        ranks.append(tuple(steps))
+    return tuple(ranks)
+
+
 def _timeline(costs: list[StageCosts], schedule: str, m: int,
               v: int) -> tuple[list[float], list[float], list[float]]:
     # Each rank's (end of its last op, busy compute, exposed comm) from list scheduling of
     # the orders: a step starts when its rank is free and its inputs have arrived (producer
     # end + the P2P time); sends do not queue. The SimPy run without stream contention.
-    pp, last_g = len(costs) // v, len(costs) - 1
-    orders = [rank_order(schedule, pp, m, r, v) for r in range(pp)]
+    pp = len(costs) // v
+    ranks = _dependencies(schedule, pp, m, v)
+    sends = [(c.p2p_fwd_s, c.p2p_bwd_s) for c in costs]
+    single = {(kind, g): _op_times(c, kind) for g, c in enumerate(costs)
+              for kind in ("F", "B", "W", "BW")}
     ready: dict[tuple, float] = {}
     free, compute, comm, nxt = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0] * pp
     progress = True
     while progress:
         progress = False
         for r in range(pp):
-            while nxt[r] < len(orders[r]):
-                step = orders[r][nxt[r]]
-                needs = [("F", g, k) for kind, g, k in step if kind == "F" and g > 0] + \
-                    [("B", g, k) for kind, g, k in step if kind in ("B", "BW") and g < last_g]
+            steps, i = ranks[r], nxt[r]
+            while i < len(steps):
+                step, needs, makes = steps[i]
                 if any(key not in ready for key in needs):
                     break
-                c, x = step_times(costs, step)
-                end = max([free[r]] + [ready[key] for key in needs]) + c + x
-                free[r], compute[r], comm[r], nxt[r] = end, compute[r] + c, comm[r] + x, \
-                    nxt[r] + 1
-                progress = True
-                for kind, g, k in step:
-                    if kind == "F" and g < last_g:
-                        hop = chunk_rank(schedule, pp, g + 1) != r
-                        ready[("F", g + 1, k)] = end + hop * costs[g].p2p_fwd_s
-                    elif kind in ("B", "BW") and g > 0:
-                        hop = chunk_rank(schedule, pp, g - 1) != r
-                        ready[("B", g - 1, k)] = end + hop * costs[g].p2p_bwd_s
+                c, x = single[step[0][:2]] if len(step) == 1 else step_times(costs, step)
+                start = free[r]
+                for key in needs:
+                    start = max(start, ready[key])
+                end = start + c + x
+                free[r], compute[r], comm[r], i = end, compute[r] + c, comm[r] + x, i + 1
+                for key, hop, g, direction in makes:
+                    ready[key] = end + hop * sends[g][direction]
+            progress = progress or i > nxt[r]
+            nxt[r] = i
     return free, compute, comm
 
 
@@ -219,18 +243,38 @@ def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
     finishes last. Equals the SimPy step when sends do not contend.
 
     Warm-up and cool-down of these orders span under 2·pp micro-batches and the steady
-    state repeats every micro-batch, so for m > 3·pp the ranks are scheduled for m₀ = 2·pp
-    and m₁ = 3·pp micro-batches and extended linearly to m (interleaved-zb only when pp
-    divides m, so that its rounds stay pp long).
+    state repeats every micro-batch, so for m > 2·pp the ranks are scheduled for m₀ = 2·pp
+    micro-batches and extended by (m − m₀) rounds of the busiest rank's work per
+    micro-batch (its chunks' F + B + W + exposed comm). DualPipe-V's steady state has no
+    slack, so its P2P times add to each round: it is scheduled for 2·pp and 3·pp and
+    extended along that slope. interleaved-zb is extended only when pp divides m (its rounds
+    then stay pp long).
     """
     pp, v, m = len(costs) // virtual_stages, virtual_stages, num_microbatches
-    if m <= 3 * pp or (schedule == "interleaved-zb" and m % pp):
+    if m <= 2 * pp or (schedule == "interleaved-zb" and m % pp) or \
+            (schedule == "dualpipe-v" and m <= 3 * pp):
         ends, compute, comm = _timeline(costs, schedule, m, v)
-    else:
+    elif schedule == "dualpipe-v":
         runs = [_timeline(costs, schedule, n, v) for n in (2 * pp, 3 * pp)]
         ends, compute, comm = ([b + (b - a) * (m - 3 * pp) / pp
                                 for a, b in zip(*pair, strict=True)]
                                for pair in zip(*runs, strict=True))
+    else:
+        ends, compute, comm = _timeline(costs, schedule, 2 * pp, v)
+        work = [[c for g, c in enumerate(costs) if chunk_rank(schedule, pp, g) == r]
+                for r in range(pp)]
+        per_mb = [(sum(c.fwd_compute_s + c.bwd_compute_s for c in w),
+                   sum(c.fwd_comm_s + c.bwd_comm_s for c in w)) for w in work]
+        pace, extra = max(c + x for c, x in per_mb), m - 2 * pp
+        ends = [e + extra * pace for e in ends]
+        compute = [c + extra * mb[0] for c, mb in zip(compute, per_mb, strict=True)]
+        comm = [x + extra * mb[1] for x, mb in zip(comm, per_mb, strict=True)]
+    return _with_tails(costs, pp, ends, compute, comm, overlap_dp)
+
+
+def _with_tails(costs: list[StageCosts], pp: int, ends: list[float], compute: list[float],
+                comm: list[float], overlap_dp: bool) -> tuple[float, float, float]:
+    # Each rank's once-per-step tail after its last op; the last rank to finish is critical.
     finish = []
     for r in range(pp):
         tail = costs[r]
