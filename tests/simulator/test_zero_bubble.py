@@ -127,3 +127,17 @@ def test_closed_form_matches_simpy_on_equal_stages(schedule, v):
     step, compute, _ = estimate_zero_bubble([c] * (4 * v), schedule, 24, False, v)
     assert step == pytest.approx(sim.step_time_s)
     assert compute == pytest.approx(sim.compute_s)
+
+
+def test_a_straggler_slows_both_chunks_of_its_v_rank():
+    # ZB-V, p = 2, m = 4, F = B = W = 1: rank 1 holds chunks 1 and 2 (Qi et al. §6). Slowing
+    # rank 1 by 2x stretches those chunks only, so the SimPy straggler run and the closed form
+    # both equal the plain run of costs with chunks 1 and 2 doubled.
+    from simulator.failures.stragglers import estimate_with_stragglers, slowed_costs
+    from simulator.step.zero_bubble import estimate_zero_bubble
+    plan = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="zb-v",
+                virtual_stages=2)
+    slow = StageCosts(fwd_compute_s=2.0, bwd_compute_s=4.0, wgrad_s=2.0)
+    assert slowed_costs([UNIT] * 4, (1.0, 2.0), "zb-v") == [UNIT, slow, slow, UNIT]
+    step, _, _ = estimate_with_stragglers([UNIT] * 4, plan, {1: 2.0})
+    assert step == estimate_zero_bubble([UNIT, slow, slow, UNIT], "zb-v", 4, False, 2)[0]
