@@ -27,12 +27,15 @@ MULTI_CHUNK_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe
 #: Schedules that place two chunks per rank in a V: rank r holds stages r and 2·pp − 1 − r.
 V_SCHEDULES = ("zb-v", "dualpipe-v")
 Recompute = Literal["none", "selective", "full"]
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"]
 ZeroStage = Literal[0, 1, 2, 3]
 Router = Literal["softmax", "sigmoid"]
 
-#: Bytes per element of each training dtype (tf32 is stored as fp32).
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes per stored element (weights, activations, gradients) of each training dtype: tf32 is
+#: stored as fp32; the low-precision recipes (`planner.precision`) store bf16 and cast only
+#: the linear GEMMs' operands.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2,
+                               "fp8-current": 2, "mxfp8": 2, "nvfp4": 2}
 
 #: Axis names of a plan's device mesh, the order `placement` permutes.
 MESH_AXES = ("tp", "dp", "pp")
@@ -368,6 +371,18 @@ def zero_bubble_reason(schedule: str, pp: int, virtual_stages: int, num_microbat
     return ""
 
 
+def _check_expert_folding(plan: Plan) -> None:
+    # Megatron-Core MoE parallel folding: etp·ep·edp = tp·cp·dp on every pipeline stage.
+    attn = plan.tp * plan.cp * plan.dp
+    if attn % (plan.etp * plan.ep):
+        fits = divisors(attn // plan.etp) if attn % plan.etp == 0 else [1]
+        raise PlanError(
+            f"ep={plan.ep}, etp={plan.etp}: expert folding needs etp*ep = {plan.etp}*{plan.ep}"
+            f" = {plan.etp * plan.ep} to divide the attention ranks tp*cp*dp = {plan.tp}*"
+            f"{plan.cp}*{plan.dp} = {attn}; use ep in "
+            f"{fits} (etp in {divisors(attn)})")
+
+
 def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
     """``tp*pp*dp = 2*1*2 = 4``: parallel degrees and their product, cp named only when > 1
     (and dp left out when None, for a partial split).
@@ -403,15 +418,26 @@ class Plan:
         recompute: activation recomputation policy ("none", "selective", "full").
         zero_stage: ZeRO stage of the data-parallel optimizer (0 = plain DDP; 3 = FSDP).
         sequence_parallel: shard norms/dropout activations over tp (Korthikanti et al. 2022).
-        dtype: compute dtype of the step.
+        dtype: compute dtype of the step, or a low-precision recipe for the linear GEMMs
+            (``fp8``, ``fp8-current``, ``mxfp8``, ``nvfp4``; `planner.precision`).
         placement: mesh axes from innermost (fastest varying over device ids) to outermost.
         stage_layers: layers per pipeline stage; None splits layers evenly.
+        ep: expert-parallel degree of a mixture-of-experts model: the routed experts of each
+            MoE block are split over ep ranks, tokens reach them by all-to-all.
+        etp: expert tensor-parallel degree: each expert's matrices split over etp ranks.
+            Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding",
+            arXiv:2504.14960; Megatron-Core ``docs/source/api-guide/moe.rst``): attention runs
+            on tp·cp·dp ranks of a pipeline stage and the experts on etp·ep·edp of the same
+            ranks, so etp·ep must divide tp·cp·dp and the expert data-parallel degree is
+            ``edp = tp·cp·dp / (etp·ep)``.
     """
 
     tp: int
     pp: int
     dp: int
     cp: int = 1
+    ep: int = 1
+    etp: int = 1
     micro_batch: int
     global_batch: int
     schedule: Schedule = "1f1b"
@@ -424,8 +450,9 @@ class Plan:
     stage_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        _require_positive_int(self, "tp", "pp", "dp", "cp", "micro_batch", "global_batch",
-                              "virtual_stages")
+        _require_positive_int(self, "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch",
+                              "global_batch", "virtual_stages")
+        _check_expert_folding(self)
         _require_choice(self, "schedule", Schedule)
         _require_choice(self, "recompute", Recompute)
         _require_choice(self, "zero_stage", ZeroStage)
@@ -478,6 +505,16 @@ class Plan:
         return self.dp * self.cp
 
     @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: ranks holding the same experts, tp·cp·dp / (etp·ep)
+        (Megatron-Core MoE parallel folding; 1·1·dp when ep = etp = 1 and tp = cp = 1).
+
+        >>> Plan(tp=2, pp=1, dp=8, ep=4, micro_batch=1, global_batch=8).edp
+        4
+        """
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+
+    @property
     def degrees(self) -> str:
         """The world size as its product, e.g. ``tp*pp*dp = 8*4*2 = 64`` (`degrees_text`).
 
@@ -497,6 +534,8 @@ class Plan:
         a non-default placement as ``place.tp.pp.dp``, innermost axis first)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}",
                  f"gb{self.global_batch}"]
+        if self.ep > 1 or self.etp > 1:
+            parts.insert(3, f"ep{self.ep}" + (f"-etp{self.etp}" if self.etp > 1 else ""))
         if self.cp > 1:
             parts.insert(1, f"cp{self.cp}")
         if self.virtual_stages > 1:
@@ -511,6 +550,8 @@ class Plan:
             parts.append("sp")
         if self.placement != MESH_AXES:
             parts.append("place." + ".".join(self.placement))
+        if self.dtype in ("fp8", "fp8-current", "mxfp8", "nvfp4"):
+            parts.append(self.dtype)
         return "-".join(parts)
 
     def replace(self, **changes: object) -> Plan:
@@ -545,8 +586,9 @@ def check_plan(model: ModelSpec, plan: Plan, world_size: int | None = None) -> N
     Raises:
         PlanError: tp does not divide heads, KV heads or ffn_hidden; 2·cp does not divide
             seq_len (each rank holds two sequence chunks, one early and one late, which
-            balances causal attention); the layers do not split over pp·virtual_stages; or
-            tp·cp·pp·dp differs from ``world_size``.
+            balances causal attention); the layers do not split over pp·virtual_stages; the
+            expert split does not fit the model (`check_experts`); or tp·cp·pp·dp differs
+            from ``world_size``.
     """
     for field, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                          ("ffn_hidden", model.ffn_hidden)):
@@ -558,5 +600,29 @@ def check_plan(model: ModelSpec, plan: Plan, world_size: int | None = None) -> N
                         f"{2 * plan.cp} (two balanced chunks per rank); use cp in "
                         f"{[d for d in divisors(model.seq_len // 2) if d > 1][:8]}")
     plan.layers_per_stage(model)
+    check_experts(model, plan)
     if world_size is not None and plan.world_size != world_size:
         raise PlanError(f"{plan.degrees} != world_size({world_size})")
+
+
+def check_experts(model: ModelSpec, plan: Plan) -> None:
+    """Check the expert split of ``plan`` against ``model``.
+
+    Raises:
+        PlanError: ep > 1 or etp > 1 on a dense model; ep does not divide num_experts (each
+            EP rank holds num_experts / ep whole experts, Megatron-Core
+            ``num_local_experts``); etp does not divide the expert width.
+    """
+    if not model.is_moe:
+        if plan.ep > 1 or plan.etp > 1:
+            raise PlanError(f"ep={plan.ep}, etp={plan.etp}: expert parallelism needs a "
+                            f"mixture-of-experts model (num_experts > 0; {model.name!r} is "
+                            f"dense); use ep=1 etp=1")
+        return
+    if model.num_experts % plan.ep:
+        raise PlanError(f"ep={plan.ep} does not divide num_experts={model.num_experts}; use "
+                        f"ep in {divisors(model.num_experts)}")
+    if model.expert_hidden % plan.etp:
+        raise PlanError(f"etp={plan.etp} does not divide the expert width moe_ffn_hidden="
+                        f"{model.expert_hidden}; use etp in "
+                        f"{divisors(math.gcd(model.expert_hidden, 64))}")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.flops import hfu, mfu
+from planner.precision import block_scaled_device, storage_dtype
 from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 from simulator.failures.stragglers import estimate_with_stragglers, simulate_with_stragglers
 from simulator.network.cluster import Cluster
@@ -58,11 +59,13 @@ class StepPrediction:
 def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, compute: float,
                 comm: float, events: list[tuple], attention: str, *,
                 fp32_main_grads: bool = False) -> StepPrediction:
-    # MFU / HFU (`planner.flops`) against the world's dense peak at the plan's dtype
+    # MFU / HFU (`planner.flops`) against the world's dense peak at the plan's storage dtype
+    # (bf16 for a low-precision recipe, as torchtitan and Megatron-Bridge report MFU)
     tokens_per_s = plan.global_batch * model.seq_len / step
-    peak = cluster.device.peak(plan.dtype)
+    peak = cluster.device.peak(storage_dtype(plan.dtype))
     memory = memory_per_stage(model, plan, attention=attention,
-                              fp32_main_grads=fp32_main_grads)
+                              fp32_main_grads=fp32_main_grads,
+                              block_scaled=block_scaled_device(cluster.device.peak_flops))
     return StepPrediction(
         step_time_s=step, compute_s=compute, comm_s=comm,
         bubble_s=max(0.0, step - compute - comm), tokens_per_s=tokens_per_s,

@@ -79,6 +79,14 @@ class SimOptions:
         fp32_main_grads: the framework keeps fp32 main gradients (Megatron, DeepSpeed):
             18 bytes of model state per parameter in bf16 instead of 16
             (`simulator.step.memory.main_grad_bytes_per_param`).
+        moe_imbalance: routing imbalance of an MoE model, the busiest EP rank's tokens over
+            the mean (1.0: balanced, as forced routing gives; `simulator.step.moe`).
+        moe_dispatcher: 'alltoall' (NCCL all-to-all of every token copy, Megatron-Core
+            ``moe_token_dispatcher_type='alltoall'``) or 'deepep' (DeepEP's node-deduplicated
+            RDMA + NVLink dispatch; `simulator.step.moe.node_dedup_factor`).
+        moe_a2a_overlap: MoE all-to-alls run beside another micro-batch's compute
+            (Megatron-Core ``--overlap-moe-expert-parallel-comm``, DualPipe); only the part
+            longer than the block's compute is exposed.
     """
 
     attention: Attention = "flash"
@@ -94,6 +102,9 @@ class SimOptions:
     zero3_overlap_reduce: bool = True
     efficiency: Efficiency | None = None
     fp32_main_grads: bool = False
+    moe_imbalance: float = 1.0
+    moe_dispatcher: str = "alltoall"
+    moe_a2a_overlap: bool = False
 
 
 DEFAULT_OPTIONS = SimOptions()
