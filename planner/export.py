@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from planner.spec import ModelSpec, Plan
+from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 #: meshplan placement (innermost axis first) that is Megatron-LM's default rank order
 #: ("tp-cp-ep-dp-pp") and the one ``--use-tp-pp-dp-mapping`` selects.
 _MEGATRON_ORDERS = {("tp", "dp", "pp"): None, ("tp", "pp", "dp"): "--use-tp-pp-dp-mapping"}
 #: torch.distributed.pipelining schedule names (``get_schedule_class``) of meshplan schedules.
-_TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+_TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                    "zb-h1": "InterleavedZeroBubble", "interleaved-zb": "InterleavedZeroBubble",
+                    "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
 
 
 @dataclass
@@ -73,8 +75,9 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
     elif plan.pp > 1 and not edges:
         out.unsupported.append(f"stage_layers={list(plan.stage_layers)}: Megatron-LM sets only "
                                "the first and last stage apart from the rest")
-    if plan.schedule == "gpipe":
-        out.unsupported.append("schedule=gpipe: Megatron-LM runs 1F1B or interleaved 1F1B only")
+    if plan.schedule == "gpipe" or plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        out.unsupported.append(f"schedule={plan.schedule}: Megatron-LM runs 1F1B or "
+                               "interleaved 1F1B only")
     add("--micro-batch-size", plan.micro_batch)
     add("--global-batch-size", plan.global_batch)
     if plan.zero_stage == 1:
@@ -170,7 +173,8 @@ def to_torchtitan(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> 
     par["pipeline_parallel_degree"] = plan.pp
     if plan.pp > 1:
         # interleaving one chunk per rank is plain 1F1B
-        schedule = "1f1b" if plan.virtual_stages == 1 else plan.schedule
+        schedule = "1f1b" if plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 1 \
+            else plan.schedule
         par["pipeline_parallel_schedule"] = _TORCH_SCHEDULES[schedule]
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         edges = _even_edges(plan, model)
