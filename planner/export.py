@@ -175,7 +175,11 @@ def to_torchtitan(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> 
         # interleaving one chunk per rank is plain 1F1B
         schedule = "1f1b" if plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 1 \
             else plan.schedule
-        par["pipeline_parallel_schedule"] = _TORCH_SCHEDULES[schedule]
+        if schedule in _TORCH_SCHEDULES:
+            par["pipeline_parallel_schedule"] = _TORCH_SCHEDULES[schedule]
+        else:
+            out.unsupported.append(f"schedule={schedule}: torch.distributed.pipelining has "
+                                   "no such schedule class")
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         edges = _even_edges(plan, model)
         if edges and edges[1] - edges[0] in (0, 1) and edges[1] - edges[2] in (0, 1):

@@ -39,6 +39,9 @@ DEFAULT_PLACEMENTS: tuple[tuple[str, ...], ...] = (("tp", "dp", "pp"), ("tp", "p
 #: Largest micro-batch and virtual-stage count searched by default.
 MAX_MICRO_BATCH = 8
 MAX_VIRTUAL_STAGES = 8
+#: Why the planner emits no ZB-H2 plan: the simulator models it, the runtime cannot run it.
+ZB_H2_REASON = ("schedule='zb-h2' is simulated only: torch.distributed.pipelining has no ZB-H2 "
+                "schedule; use zb-v (the same zero bubble at 1F1B's memory) or zb-h1")
 #: Pipeline schedules searched by default: 1F1B and interleaved 1F1B (Narayanan et al. 2021),
 #: ZB-H1 and ZB-V (Qi et al. 2024): the zero-bubble pair that keeps 1F1B's activation memory.
 DEFAULT_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
@@ -404,6 +407,8 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
                 continue
             if schedule == "interleaved-1f1b":
                 reason = interleaved_reason(pp, per_replica // mb)
+            elif schedule == "zb-h2":
+                reason = ZB_H2_REASON
             else:
                 reason = zero_bubble_reason(schedule, pp, v, per_replica // mb)
             if reason:

@@ -18,10 +18,10 @@ from typing import Literal, get_args
 Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zb-v",
-                   "dualpipe-v"]
+                   "dualpipe-v", "zb-h2"]
 #: Schedules that split the backward into input-gradient (B) and weight-gradient (W) work
 #: (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"; DeepSeek-V3's DualPipe-V).
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "interleaved-zb", "zb-v", "dualpipe-v")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "interleaved-zb", "zb-v", "dualpipe-v", "zb-h2")
 #: Schedules whose pipeline ranks hold several model chunks.
 MULTI_CHUNK_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
 #: Schedules that place two chunks per rank in a V: rank r holds stages r and 2·pp − 1 − r.
@@ -410,9 +410,11 @@ class Plan:
         global_batch: sequences per optimizer step, all DP ranks together.
         schedule: pipeline schedule: "gpipe", "1f1b", "interleaved-1f1b", or one that splits
             the backward into input- and weight-gradient work (`ZERO_BUBBLE_SCHEDULES`):
-            "zb-h1" (Qi et al. 2024, §3.1), "interleaved-zb" (its interleaved form, ZB-1p
-            over v chunks), "zb-v" (Qi et al. 2024, §6) and "dualpipe-v" (DeepSeek-V3, §3.2.1,
-            cut in half); see `simulator.step.zero_bubble`.
+            "zb-h1" (Qi et al. 2024, §2.1), "interleaved-zb" (its interleaved form, ZB-1p
+            over v chunks), "zb-v" (Qi et al. 2024, §6), "dualpipe-v" (DeepSeek-V3, §3.2.1,
+            cut in half) and "zb-h2" (Qi et al. 2024, §2.2: 2·pp − 1 micro-batches of
+            activations, zero bubble with optimizer post-validation); see
+            `simulator.step.zero_bubble`.
         virtual_stages: model chunks per pipeline rank (> 1 only with a multi-chunk schedule,
             `MULTI_CHUNK_SCHEDULES`; exactly 2 with "zb-v" and "dualpipe-v").
         recompute: activation recomputation policy ("none", "selective", "full").

@@ -66,6 +66,8 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
     GEMM's wgrad, over the blocks' backward with any recomputation plus the edge backward).
 
     A share keeps the split right when the backward is host-bound or calibrated on a CPU.
+    Mixture-of-experts blocks take the share of the dense block of the same widths (expert
+    GEMMs, like dense ones, cost their forward time in wgrad).
     """
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel, attention,
                        plan.dtype, device, eff, plan.cp)
@@ -154,7 +156,8 @@ def _send(env: simpy.Environment, pipe: _Pipeline, rank, schedule: str, kind: st
 
 def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatches: int, *,
                          virtual_stages: int = 1, trace: bool = False,
-                         overlap_dp: bool = False) -> PipelineResult:
+                         overlap_dp: bool = False, post_validation: bool = False
+                         ) -> PipelineResult:
     """Run one step of zero-bubble ``schedule`` over ``costs`` (pp·v chunks in pipeline
     order, chunk g on rank `planner.mesh.chunk_rank`) in SimPy.
 
@@ -162,7 +165,9 @@ def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
     waiting for each op's input (the activation of a forward, the gradient of a B); F, B, W
     and BW cost per `step_times`; sends go on the P2P streams as in
     `simulator.step.pipeline.simulate_pipeline`, whose result this returns. With
-    ``overlap_dp`` the gradient buckets reduce under the rank's last weight-gradient step.
+    ``overlap_dp`` the gradient buckets reduce under the rank's last weight-gradient step;
+    with ``post_validation`` the longest rank span sets the step (Qi et al. 2024 §4,
+    `simulator.step.pipeline.pipeline_result`).
     """
     env = simpy.Environment()
     pp = len(costs) // virtual_stages
@@ -171,7 +176,7 @@ def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
         order = rank_order(schedule, pp, num_microbatches, stage, virtual_stages)
         env.process(_rank_process(env, pipe, stage, order, schedule, overlap_dp))
     env.run()
-    return pipeline_result(pipe)
+    return pipeline_result(pipe, post_validation)
 
 
 @lru_cache(maxsize=256)
@@ -198,10 +203,11 @@ def _dependencies(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple, 
 
 
 def _timeline(costs: list[StageCosts], schedule: str, m: int,
-              v: int) -> tuple[list[float], list[float], list[float]]:
-    # Each rank's (end of its last op, busy compute, exposed comm) from list scheduling of
-    # the orders: a step starts when its rank is free and its inputs have arrived (producer
-    # end + the P2P time); sends do not queue. The SimPy run without stream contention.
+              v: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    # Each rank's (end of its last op, busy compute, exposed comm, start of its first op)
+    # from list scheduling of the orders: a step starts when its rank is free and its inputs
+    # have arrived (producer end + the P2P time); sends do not queue. The SimPy run without
+    # stream contention.
     pp = len(costs) // v
     ranks = _dependencies(schedule, pp, m, v)
     sends = [(c.p2p_fwd_s, c.p2p_bwd_s) for c in costs]
@@ -209,6 +215,7 @@ def _timeline(costs: list[StageCosts], schedule: str, m: int,
               for kind in ("F", "B", "W", "BW")}
     ready: dict[tuple, float] = {}
     free, compute, comm, nxt = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0] * pp
+    first: list[float | None] = [None] * pp
     progress = True
     while progress:
         progress = False
@@ -223,24 +230,26 @@ def _timeline(costs: list[StageCosts], schedule: str, m: int,
                 for key in needs:
                     start = max(start, ready[key])
                 end = start + c + x
+                first[r] = start if first[r] is None else first[r]
                 free[r], compute[r], comm[r], i = end, compute[r] + c, comm[r] + x, i + 1
                 for key, hop, g, direction in makes:
                     ready[key] = end + hop * sends[g][direction]
             progress = progress or i > nxt[r]
             nxt[r] = i
-    return free, compute, comm
+    return free, compute, comm, [f or 0.0 for f in first]
 
 
 def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatches: int,
-                         overlap_dp: bool = False,
-                         virtual_stages: int = 1) -> tuple[float, float, float]:
+                         overlap_dp: bool = False, virtual_stages: int = 1, *,
+                         post_validation: bool = False) -> tuple[float, float, float]:
     """Closed form of `simulate_zero_bubble`: ``(step_s, compute_s, comm_s)``.
 
     List scheduling of the ranks' orders (each step starts when its rank is free and its
     inputs have arrived; P2P sends do not queue), then each rank's once-per-step tail
     (exposed DP reduction, optimizer, weight gather; `simulator.step.pipeline.exposed_dp_s`,
     with the W time as the backward it hides under). The critical rank is the one that
-    finishes last. Equals the SimPy step when sends do not contend.
+    finishes last (with ``post_validation``: whose span from first op to optimizer end is
+    longest). Equals the SimPy step when sends do not contend.
 
     Warm-up and cool-down of these orders span under 2·pp micro-batches and the steady
     state repeats every micro-batch, so for m > 2·pp the ranks are scheduled for m₀ = 2·pp
@@ -253,14 +262,14 @@ def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
     pp, v, m = len(costs) // virtual_stages, virtual_stages, num_microbatches
     if m <= 2 * pp or (schedule == "interleaved-zb" and m % pp) or \
             (schedule == "dualpipe-v" and m <= 3 * pp):
-        ends, compute, comm = _timeline(costs, schedule, m, v)
+        ends, compute, comm, starts = _timeline(costs, schedule, m, v)
     elif schedule == "dualpipe-v":
         runs = [_timeline(costs, schedule, n, v) for n in (2 * pp, 3 * pp)]
-        ends, compute, comm = ([b + (b - a) * (m - 3 * pp) / pp
-                                for a, b in zip(*pair, strict=True)]
-                               for pair in zip(*runs, strict=True))
+        ends, compute, comm, starts = ([b + (b - a) * (m - 3 * pp) / pp
+                                        for a, b in zip(*pair, strict=True)]
+                                       for pair in zip(*runs, strict=True))
     else:
-        ends, compute, comm = _timeline(costs, schedule, 2 * pp, v)
+        ends, compute, comm, starts = _timeline(costs, schedule, 2 * pp, v)
         work = [[c for g, c in enumerate(costs) if chunk_rank(schedule, pp, g) == r]
                 for r in range(pp)]
         per_mb = [(sum(c.fwd_compute_s + c.bwd_compute_s for c in w),
@@ -269,19 +278,22 @@ def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
         ends = [e + extra * pace for e in ends]
         compute = [c + extra * mb[0] for c, mb in zip(compute, per_mb, strict=True)]
         comm = [x + extra * mb[1] for x, mb in zip(comm, per_mb, strict=True)]
-    return _with_tails(costs, pp, ends, compute, comm, overlap_dp)
+    origin = starts if post_validation else [0.0] * pp
+    return _with_tails(costs, pp, ends, compute, comm, overlap_dp, origin)
 
 
 def _with_tails(costs: list[StageCosts], pp: int, ends: list[float], compute: list[float],
-                comm: list[float], overlap_dp: bool) -> tuple[float, float, float]:
-    # Each rank's once-per-step tail after its last op; the last rank to finish is critical.
+                comm: list[float], overlap_dp: bool,
+                origin: list[float]) -> tuple[float, float, float]:
+    # Each rank's once-per-step tail after its last op; the rank whose end is latest (counted
+    # from its origin) is critical.
     finish = []
     for r in range(pp):
         tail = costs[r]
         hidden = dataclasses.replace(tail, bwd_compute_s=tail.wgrad_s or tail.bwd_compute_s,
                                      bwd_comm_s=0.0 if tail.wgrad_s else tail.bwd_comm_s)
         exposed = exposed_dp_s(hidden, overlap_dp) + tail.dp_gather_s
-        finish.append((ends[r] + exposed + tail.optimizer_s, exposed))
+        finish.append((ends[r] + exposed + tail.optimizer_s - origin[r], exposed))
     crit = max(range(pp), key=lambda r: (finish[r][0], compute[r] + comm[r]))
     return (finish[crit][0], compute[crit] + costs[crit].optimizer_s,
             comm[crit] + finish[crit][1])

@@ -39,3 +39,13 @@ def test_zb_h1_rounds_must_divide_the_micro_batches():
     assert rejected["tp1-pp4-dp1-mb1-gb9-v1-zb-h1"].startswith(
         "schedule='zb-h1' needs the micro-batch count (9) to be a multiple of its rounds "
         "max(1, m // pp) = 2")
+
+
+def test_zb_h2_is_rejected_with_the_reason():
+    # simulated only: the runtime has no ZB-H2 schedule class to run it with
+    space = SearchSpace(tp=(1,), pp=(2,), recompute=("none",), micro_batch=(1,),
+                        schedule=("zb-h2",))
+    plans, rejected = _walk(space, devices=2, global_batch=4)
+    assert plans == []
+    assert rejected["tp1-pp2-dp1-mb1-gb4-v1-zb-h2"].startswith(
+        "schedule='zb-h2' is simulated only")

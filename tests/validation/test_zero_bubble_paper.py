@@ -1,4 +1,4 @@
-"""The simulated 1F1B < ZB-1p throughput ordering on the settings of the zero-bubble paper."""
+"""The simulated 1F1B < ZB-1p < ZB-2p throughput ordering on the zero-bubble paper's settings."""
 
 from simulator.validation.zero_bubble_paper import SETTINGS, stage_layers, zero_bubble_rows
 
@@ -10,11 +10,11 @@ def test_first_and_last_stage_are_one_layer_short():
     assert all(sum(stage_layers(s)) == s.layers for s in SETTINGS)
 
 
-def test_zb1p_beats_1f1b_in_every_setting_as_published():
-    # Reference: Qi et al. 2024 Table 4, where ZB-1p out-runs 1F1B in all 12 settings (e.g.
-    # 12.9 vs 11.8 samples/GPU/s for 1.5B at 24 micro-batches). The figures themselves are
-    # printed by benchmarks/zero_bubble_bench.py, not asserted.
+def test_the_ordering_of_1f1b_zb1p_zb2p_is_the_published_one():
+    # Reference: Qi et al. 2024 Table 4, where 1F1B < ZB-1p < ZB-2p in all 12 settings (e.g.
+    # 11.8 < 12.9 < 14.5 samples/GPU/s for 1.5B at 24 micro-batches). The figures themselves
+    # are printed by benchmarks/zero_bubble_bench.py, not asserted.
     rows = zero_bubble_rows(fast=True)
     assert len(rows) == 12
-    assert all(r["published_zb1p"] > r["published_1f1b"] for r in rows)
+    assert all(r["published_1f1b"] < r["published_zb1p"] < r["published_zb2p"] for r in rows)
     assert [r["model"] for r in rows if not r["ordering_matches"]] == []
