@@ -22,6 +22,7 @@ from functools import lru_cache
 import simpy
 
 from planner.mesh import chunk_rank
+from planner.precision import storage_dtype
 from planner.spec import ModelSpec, Plan
 from simulator.network.hardware import DeviceProfile
 from simulator.step.compute import (
@@ -81,7 +82,7 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
                                    first=g == 0, last=last, cp=plan.cp)
         t = plan.micro_batch * model.seq_len // plan.cp
         e_w = gemm_time_s(t, model.vocab_size // plan.tp, model.hidden,
-                          device.peak(plan.dtype), eff) if last else 0.0
+                          device.peak(storage_dtype(plan.dtype)), eff) if last else 0.0
         share = (layers * w_layer + e_w) / (layers * (lc.bwd_s + recompute) + e_bwd)
         out.append(dataclasses.replace(c, wgrad_s=c.bwd_compute_s * min(1.0, share)))
     return out
