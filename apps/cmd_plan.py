@@ -117,6 +117,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if (shown["placement"] != "tp.dp.pp").any():
                 # Rows that differ only in rank placement would look identical without it.
                 columns["placement"] = ("order", None)
+            if "schedule" in shown and \
+                    (~shown["schedule"].isin(("1f1b", "interleaved-1f1b"))).any():
+                # A zero-bubble row would read as 1F1B / interleaved 1F1B without it.
+                columns["schedule"] = ("schedule", None)
             if (shown["dtype"] != shown["dtype"].iloc[0]).any() or \
                     shown["dtype"].iloc[0] not in ("bf16", "fp32"):
                 columns["dtype"] = ("dtype", None)

@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from planner.spec import ModelSpec, Plan
+from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 #: meshplan placement (innermost axis first) that is Megatron-LM's default rank order
 #: ("tp-cp-ep-dp-pp") and the one ``--use-tp-pp-dp-mapping`` selects.
 _MEGATRON_ORDERS = {("tp", "dp", "pp"): None, ("tp", "pp", "dp"): "--use-tp-pp-dp-mapping"}
 #: torch.distributed.pipelining schedule names (``get_schedule_class``) of meshplan schedules.
-_TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+_TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                    "zb-h1": "InterleavedZeroBubble", "interleaved-zb": "InterleavedZeroBubble",
+                    "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
 #: Low-precision recipes (`planner.precision`): Megatron-LM (format flag, format, recipe
 #: flag, recipe); delayed scaling is its "delayed" recipe, current scaling "tensorwise".
 _MEGATRON_RECIPES = {"fp8": ("--fp8-format", "hybrid", "--fp8-recipe", "delayed"),
@@ -118,8 +120,9 @@ def _megatron_layers(model: ModelSpec, plan: Plan, add, unsupported: list[str]) 
     elif plan.pp > 1 and not edges:
         unsupported.append(f"stage_layers={list(plan.stage_layers)}: Megatron-LM sets only "
                            "the first and last stage apart from the rest")
-    if plan.schedule == "gpipe":
-        unsupported.append("schedule=gpipe: Megatron-LM runs 1F1B or interleaved 1F1B only")
+    if plan.schedule == "gpipe" or plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        unsupported.append(f"schedule={plan.schedule}: Megatron-LM runs 1F1B or interleaved "
+                           "1F1B only")
 
 
 def _megatron_precision(plan: Plan, add) -> None:
@@ -223,8 +226,13 @@ def _titan_parallelism(model: ModelSpec, plan: Plan, unsupported: list[str]) -> 
     par["pipeline_parallel_degree"] = plan.pp
     if plan.pp > 1:
         # interleaving one chunk per rank is plain 1F1B
-        schedule = "1f1b" if plan.virtual_stages == 1 else plan.schedule
-        par["pipeline_parallel_schedule"] = _TORCH_SCHEDULES[schedule]
+        schedule = "1f1b" if plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 1 \
+            else plan.schedule
+        if schedule in _TORCH_SCHEDULES:
+            par["pipeline_parallel_schedule"] = _TORCH_SCHEDULES[schedule]
+        else:
+            unsupported.append(f"schedule={schedule}: torch.distributed.pipelining has "
+                               "no such schedule class")
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         edges = _even_edges(plan, model)
         if edges and edges[1] - edges[0] in (0, 1) and edges[1] - edges[2] in (0, 1):

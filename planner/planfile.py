@@ -157,7 +157,11 @@ def plan_from_dict(fields: dict) -> Plan:
 
 def check_runnable(plan: Plan) -> None:
     """Raise `PlanError` when the runtime cannot execute ``plan``: context parallelism
-    (cp > 1) is simulated and planned but not executed."""
+    (cp > 1) is simulated and planned but not executed, nor is the ZB-H2 schedule."""
+    if plan.schedule == "zb-h2":
+        raise PlanError(f"plan {plan.id} has schedule='zb-h2': torch.distributed.pipelining "
+                        f"has no ZB-H2 schedule, so the runtime does not execute it; use "
+                        f"schedule='zb-v' or 'zb-h1'")
     if plan.cp > 1:
         raise PlanError(f"plan {plan.id} has cp={plan.cp}: the runtime does not execute "
                         f"context parallelism (the simulator and planner model it); emit the "

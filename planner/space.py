@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 from planner.spec import (
     MESH_AXES,
+    MULTI_CHUNK_SCHEDULES,
+    V_SCHEDULES,
+    ZERO_BUBBLE_SCHEDULES,
     ModelSpec,
     Plan,
     PlanError,
@@ -28,6 +31,7 @@ from planner.spec import (
     _choices,
     degrees_text,
     divisors,
+    zero_bubble_reason,
 )
 
 #: Placements searched by default: tp innermost (inside the NVSwitch domain), then dp or pp.
@@ -35,6 +39,12 @@ DEFAULT_PLACEMENTS: tuple[tuple[str, ...], ...] = (("tp", "dp", "pp"), ("tp", "p
 #: Largest micro-batch and virtual-stage count searched by default.
 MAX_MICRO_BATCH = 8
 MAX_VIRTUAL_STAGES = 8
+#: Why the planner emits no ZB-H2 plan: the simulator models it, the runtime cannot run it.
+ZB_H2_REASON = ("schedule='zb-h2' is simulated only: torch.distributed.pipelining has no ZB-H2 "
+                "schedule; use zb-v (the same zero bubble at 1F1B's memory) or zb-h1")
+#: Pipeline schedules searched by default: 1F1B and interleaved 1F1B (Narayanan et al. 2021),
+#: ZB-H1 and ZB-V (Qi et al. 2024): the zero-bubble pair that keeps 1F1B's activation memory.
+DEFAULT_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
 
 #: Sequence length from which context parallelism is searched by default. Per token a layer's
 #: GEMMs cost 24·h² FLOPs and attention 4·s·h (Narayanan et al. 2021, eq. 3), so attention
@@ -63,7 +73,8 @@ class SearchSpace:
         micro_batch: default: every divisor of global_batch / dp up to `MAX_MICRO_BATCH`.
         virtual_stages: model chunks per pipeline rank for the interleaved schedule; default:
             every v in [2, `MAX_VIRTUAL_STAGES`] that splits the stage's layers evenly.
-        schedule: default ("1f1b", "interleaved-1f1b").
+        schedule: default `DEFAULT_SCHEDULES`; zero-bubble schedules only when pp > 1, ZB-V
+            and DualPipe-V with two chunks per rank.
         recompute: default ("none", "selective", "full").
         zero_stage: default (0, 1, 2, 3) when dp > 1 (ZeRO-3 is FSDP).
         sequence_parallel: default (False, True) when tp > 1.
@@ -309,11 +320,15 @@ def expert_splits(model: ModelSpec, space: SearchSpace, tp: int, attn: int
 
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:
     # (schedule, virtual_stages) pairs; explicit v values are kept so their rejection shows.
-    schedules = space.schedule or ("1f1b", "interleaved-1f1b")
+    schedules = space.schedule or DEFAULT_SCHEDULES
     out = []
     for schedule in schedules:
-        if schedule != "interleaved-1f1b":
+        if schedule in ZERO_BUBBLE_SCHEDULES and pp == 1:
+            continue  # nothing to pipeline
+        if schedule not in MULTI_CHUNK_SCHEDULES:
             out.append((schedule, 1))
+        elif schedule in V_SCHEDULES:
+            out.append((schedule, 2))  # two chunks per rank in a V, whatever virtual_stages
         elif pp > 1:
             vs = space.virtual_stages or tuple(
                 v for v in range(2, MAX_VIRTUAL_STAGES + 1)
@@ -392,9 +407,14 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
                 continue
             if schedule == "interleaved-1f1b":
                 reason = interleaved_reason(pp, per_replica // mb)
-                if reason:
-                    yield Rejection(id=f"{mb_id}-v{v}", reason=reason, kind="schedule")
-                    continue
+            elif schedule == "zb-h2":
+                reason = ZB_H2_REASON
+            else:
+                reason = zero_bubble_reason(schedule, pp, v, per_replica // mb)
+            if reason:
+                yield Rejection(id=f"{mb_id}-v{v}-{schedule}" if schedule != "interleaved-1f1b"
+                                else f"{mb_id}-v{v}", reason=reason, kind="schedule")
+                continue
             for rc in rcs:
                 for zero in zeros:
                     for sp in sps:

@@ -18,10 +18,10 @@ from typing import Literal, get_args
 Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zb-v",
-                   "dualpipe-v"]
+                   "dualpipe-v", "zb-h2"]
 #: Schedules that split the backward into input-gradient (B) and weight-gradient (W) work
 #: (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"; DeepSeek-V3's DualPipe-V).
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "interleaved-zb", "zb-v", "dualpipe-v")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "interleaved-zb", "zb-v", "dualpipe-v", "zb-h2")
 #: Schedules whose pipeline ranks hold several model chunks.
 MULTI_CHUNK_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
 #: Schedules that place two chunks per rank in a V: rank r holds stages r and 2·pp − 1 − r.
@@ -342,6 +342,35 @@ def _check_moe_fields(m: ModelSpec) -> None:
                         "attention fields and need kv_lora_rank > 0 (0 given)")
 
 
+def zero_bubble_reason(schedule: str, pp: int, virtual_stages: int, num_microbatches: int
+                       ) -> str:
+    """'' if ``schedule`` runs v chunks per rank and m micro-batches on pp stages, else why
+    not: the rules of torch.distributed.pipelining's zero-bubble schedules (torch 2.13
+    ``schedules.py``). ZB-V and DualPipe-V hold exactly two chunks per rank; interleaved zero
+    bubble at least two; ZB-H1 and interleaved zero bubble split m into max(1, m // pp) equal
+    rounds; DualPipe-V needs m >= 2·pp.
+
+    >>> zero_bubble_reason("dualpipe-v", 4, 2, 6)
+    "schedule='dualpipe-v' needs at least 2*pp = 8 micro-batches (6 given); raise global_batch or lower micro_batch"
+    """
+    v, m = virtual_stages, num_microbatches
+    rounds = max(1, m // pp)
+    if schedule in V_SCHEDULES and v != 2:
+        return (f"schedule={schedule!r} places two chunks per rank in a V; use "
+                f"virtual_stages=2, not {v}")
+    if schedule == "interleaved-zb" and v < 2:
+        return (f"schedule='interleaved-zb' needs virtual_stages >= 2 ({v} given); use "
+                f"schedule='zb-h1' for one chunk per rank")
+    if schedule in ("zb-h1", "interleaved-zb") and m % rounds:
+        return (f"schedule={schedule!r} needs the micro-batch count ({m}) to be a multiple "
+                f"of its rounds max(1, m // pp) = {rounds}; use a micro-batch count that is "
+                f"a multiple of pp={pp}")
+    if schedule == "dualpipe-v" and m < 2 * pp:
+        return (f"schedule='dualpipe-v' needs at least 2*pp = {2 * pp} micro-batches ({m} "
+                f"given); raise global_batch or lower micro_batch")
+    return ""
+
+
 def _check_expert_folding(plan: Plan) -> None:
     # Megatron-Core MoE parallel folding: etp·ep·edp = tp·cp·dp on every pipeline stage.
     attn = plan.tp * plan.cp * plan.dp
@@ -381,9 +410,11 @@ class Plan:
         global_batch: sequences per optimizer step, all DP ranks together.
         schedule: pipeline schedule: "gpipe", "1f1b", "interleaved-1f1b", or one that splits
             the backward into input- and weight-gradient work (`ZERO_BUBBLE_SCHEDULES`):
-            "zb-h1" (Qi et al. 2024, §3.1), "interleaved-zb" (its interleaved form, ZB-1p
-            over v chunks), "zb-v" (Qi et al. 2024, §6) and "dualpipe-v" (DeepSeek-V3, §3.2.1,
-            cut in half); see `simulator.step.zero_bubble`.
+            "zb-h1" (Qi et al. 2024, §2.1), "interleaved-zb" (its interleaved form, ZB-1p
+            over v chunks), "zb-v" (Qi et al. 2024, §6), "dualpipe-v" (DeepSeek-V3, §3.2.1,
+            cut in half) and "zb-h2" (Qi et al. 2024, §2.2: 2·pp − 1 micro-batches of
+            activations, zero bubble with optimizer post-validation); see
+            `simulator.step.zero_bubble`.
         virtual_stages: model chunks per pipeline rank (> 1 only with a multi-chunk schedule,
             `MULTI_CHUNK_SCHEDULES`; exactly 2 with "zb-v" and "dualpipe-v").
         recompute: activation recomputation policy ("none", "selective", "full").
@@ -459,23 +490,10 @@ class Plan:
                     f"{self.pp * self.virtual_stages} positive layer counts")
 
     def _check_zero_bubble(self) -> None:
-        # The micro-batch rules of torch.distributed.pipelining's zero-bubble schedules.
-        v, m, pp = self.virtual_stages, self.num_microbatches, self.pp
-        if self.schedule in V_SCHEDULES and v != 2:
-            raise PlanError(f"schedule={self.schedule!r} places two chunks per rank in a V; "
-                            f"use virtual_stages=2, not {v}")
-        if self.schedule == "interleaved-zb" and v < 2:
-            raise PlanError("schedule='interleaved-zb' needs virtual_stages >= 2 "
-                            f"({v} given); use schedule='zb-h1' for one chunk per rank")
-        rounds = max(1, m // pp)
-        if self.schedule in ("zb-h1", "interleaved-zb") and m % rounds:
-            raise PlanError(f"schedule={self.schedule!r} needs the micro-batch count ({m}) "
-                            f"to be a multiple of its rounds max(1, m // pp) = {rounds}; "
-                            f"use a micro-batch count that is a multiple of pp={pp}")
-        if self.schedule == "dualpipe-v" and m < 2 * pp:
-            raise PlanError(f"schedule='dualpipe-v' needs at least 2*pp = {2 * pp} "
-                            f"micro-batches ({m} given); raise global_batch or lower "
-                            f"micro_batch")
+        reason = zero_bubble_reason(self.schedule, self.pp, self.virtual_stages,
+                                    self.num_microbatches)
+        if reason:
+            raise PlanError(reason)
 
     @property
     def world_size(self) -> int:

@@ -31,8 +31,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from planner.mesh import rank_coords
-from planner.spec import Plan, PlanError
+from planner.mesh import chunk_rank, rank_coords
+from planner.spec import ZERO_BUBBLE_SCHEDULES, Plan, PlanError
 from simulator.step.pipeline import PipelineResult, estimate_pipeline, simulate_pipeline
 from simulator.step.stagecosts import StageCosts
 
@@ -62,9 +62,11 @@ def group_slowdowns(plan: Plan, stragglers: Mapping[int, float]) -> dict[tuple[i
     return slow
 
 
-def slowed_costs(costs: list[StageCosts], factors: tuple[float, ...]) -> list[StageCosts]:
-    """``costs`` (pp·v entries, entry g on pipeline rank g % pp) with pipeline rank s's
-    compute (forward, backward, optimizer) stretched by ``factors[s]``; communication kept.
+def slowed_costs(costs: list[StageCosts], factors: tuple[float, ...],
+                 schedule: str = "1f1b") -> list[StageCosts]:
+    """``costs`` (pp·v entries, entry g on pipeline rank `planner.mesh.chunk_rank`: g % pp,
+    or a V under ZB-V / DualPipe-V) with pipeline rank s's compute (forward, backward,
+    optimizer) stretched by ``factors[s]``; communication kept.
 
     >>> slowed_costs([StageCosts(fwd_compute_s=1, bwd_compute_s=2, fwd_comm_s=5)], (3.0,))[0]
     ... # doctest: +NORMALIZE_WHITESPACE
@@ -73,11 +75,11 @@ def slowed_costs(costs: list[StageCosts], factors: tuple[float, ...]) -> list[St
                optimizer_s=0.0, wgrad_s=0.0)
     """
     pp = len(factors)
-    return [dataclasses.replace(c, fwd_compute_s=c.fwd_compute_s * factors[g % pp],
-                                bwd_compute_s=c.bwd_compute_s * factors[g % pp],
-                                optimizer_s=c.optimizer_s * factors[g % pp],
-                                wgrad_s=c.wgrad_s * factors[g % pp])
-            if factors[g % pp] != 1.0 else c for g, c in enumerate(costs)]
+    f = [factors[chunk_rank(schedule, pp, g)] for g in range(len(costs))]
+    return [dataclasses.replace(c, fwd_compute_s=c.fwd_compute_s * f[g],
+                                bwd_compute_s=c.bwd_compute_s * f[g],
+                                optimizer_s=c.optimizer_s * f[g], wgrad_s=c.wgrad_s * f[g])
+            if f[g] != 1.0 else c for g, c in enumerate(costs)]
 
 
 def replica_profiles(plan: Plan, stragglers: Mapping[int, float]) -> list[tuple[float, ...]]:
@@ -150,7 +152,7 @@ def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
     """
     profiles = replica_profiles(plan, stragglers)
     pp = plan.pp
-    runs = {p: _backward_ends(slowed_costs(costs, p), plan) for p in profiles}
+    runs = {p: _backward_ends(slowed_costs(costs, p, plan.schedule), plan) for p in profiles}
     log: list | None = [] if trace else None
     finish: dict[tuple[tuple[float, ...], int], float] = {}
     tails: dict[int, tuple[float, float, float]] = {}   # stage -> (reduce end, last bwd, opt)
@@ -203,6 +205,11 @@ def estimate_with_stragglers(costs: list[StageCosts], plan: Plan,
     Raises:
         PlanError: as `simulate_with_stragglers`.
     """
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        from simulator.step.zero_bubble import estimate_zero_bubble  # it imports the pipeline
+        return max(estimate_zero_bubble(slowed_costs(costs, p, plan.schedule), plan.schedule,
+                                        plan.num_microbatches, overlap_dp, plan.virtual_stages)
+                   for p in replica_profiles(plan, stragglers))
     results = [estimate_pipeline(slowed_costs(costs, p), plan.num_microbatches, overlap_dp,
                                  plan.virtual_stages)
                for p in replica_profiles(plan, stragglers)]

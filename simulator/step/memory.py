@@ -126,7 +126,7 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
     1) + (v − 1)·pp, each 1/v of the stage: min(w + 1, m·v) / v (≈ pp·(1 + 1/v) on rank 0).
     Zero-bubble schedules: the peak of their order (`simulator.step.zb_orders.peak_in_flight`,
     activations held until W), over v: pp for ZB-H1 and ZB-V as for 1F1B (Qi et al. 2024
-    Table 1 and §6), (2·pp + 1)/2 for DualPipe-V (PP + 1 chunks, DeepSeek-V3 report Table 2).
+    Table 2 and §6), (2·pp + 1)/2 for DualPipe-V (PP + 1 chunks, DeepSeek-V3 report Table 2).
     """
     m, v = plan.num_microbatches, plan.virtual_stages
     if plan.schedule in ZERO_BUBBLE_SCHEDULES:

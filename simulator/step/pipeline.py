@@ -81,12 +81,15 @@ class _Rank:
         self.streams = {name: simpy.Resource(env, capacity=1) for name in STREAMS}
         self.busy = {"compute": 0.0, "comm": 0.0}
         self.finish = 0.0
+        self.first_compute_s: float | None = None  # start of the rank's first compute op
 
     def hold(self, stream: str, name: str, seconds: float):
         """Hold ``stream`` for ``seconds`` (a SimPy generator); logs the interval."""
         with self.streams[stream].request() as req:
             yield req
             start = self.env.now
+            if stream == "compute" and self.first_compute_s is None and seconds > 0:
+                self.first_compute_s = start
             yield self.env.timeout(seconds)
         if stream in self.busy:
             self.busy[stream] += seconds
@@ -177,7 +180,7 @@ def step_tail(env: simpy.Environment, rank: _Rank, tail: StageCosts, overlap_dp:
 
 def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: int,
                       *, virtual_stages: int = 1, trace: bool = False,
-                      overlap_dp: bool = False) -> PipelineResult:
+                      overlap_dp: bool = False, post_validation: bool = False) -> PipelineResult:
     """Run one step of a pipeline whose (virtual) stages cost ``costs`` in SimPy.
 
     ``costs`` lists pp·virtual_stages entries in pipeline order (entry g on rank g % pp, see
@@ -187,7 +190,8 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
     rank to finish) and the busy compute / exposed communication of the critical rank (latest
     finish; ties go to the busier rank); ``events`` is the event log (empty unless ``trace``),
     ordered by start time. Zero-bubble schedules (`planner.spec.ZERO_BUBBLE_SCHEDULES`) run in
-    `simulator.step.zero_bubble.simulate_zero_bubble`.
+    `simulator.step.zero_bubble.simulate_zero_bubble`, where ``post_validation`` applies
+    (`pipeline_result`).
 
     >>> c = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0, p2p_fwd_s=0.5, p2p_bwd_s=0.5)
     >>> simulate_pipeline([c, c], "1f1b", 2).step_time_s  # (m + pp − 1)(F + B) + 2 sends
@@ -197,7 +201,7 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
         from simulator.step.zero_bubble import simulate_zero_bubble  # it builds on this module
         return simulate_zero_bubble(costs, schedule, num_microbatches,
                                     virtual_stages=virtual_stages, trace=trace,
-                                    overlap_dp=overlap_dp)
+                                    overlap_dp=overlap_dp, post_validation=post_validation)
     env = simpy.Environment()
     pp = len(costs) // virtual_stages
     pipe = _Pipeline(env, costs, pp, trace)
@@ -208,14 +212,24 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
     return pipeline_result(pipe)
 
 
-def pipeline_result(pipe: _Pipeline) -> PipelineResult:
+def pipeline_result(pipe: _Pipeline, post_validation: bool = False) -> PipelineResult:
     """The `PipelineResult` of a finished SimPy run: the last rank to finish sets the step
-    time; the critical rank is the latest to finish (ties go to the busier rank)."""
+    time; the critical rank is the latest to finish (ties go to the busier rank).
+
+    With ``post_validation`` no synchronisation of all stages precedes the optimizer step
+    (Qi et al. 2024 §4), so rank r's next step starts once its own step ends and, in steady
+    state, steps follow each other every max_r (finish_r − first start_r): the longest span
+    of one rank sets the step time and that rank is critical.
+    """
     pp, ranks = pipe.pp, pipe.ranks
-    crit = max(range(pp), key=lambda s: (ranks[s].finish,
+
+    def span(r: _Rank) -> float:
+        return r.finish - (r.first_compute_s or 0.0) if post_validation else r.finish
+
+    crit = max(range(pp), key=lambda s: (span(ranks[s]),
                                          ranks[s].busy["compute"] + ranks[s].busy["comm"]))
     events = sorted(pipe.log, key=lambda e: (e[3], e[0])) if pipe.log else []
-    return PipelineResult(step_time_s=max(r.finish for r in ranks),
+    return PipelineResult(step_time_s=span(ranks[crit]),
                           compute_s=ranks[crit].busy["compute"],
                           comm_s=ranks[crit].busy["comm"], critical_stage=crit, events=events)
 

@@ -98,7 +98,8 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
     else:
         result = simulate_pipeline(costs, plan.schedule, plan.num_microbatches,
                                    virtual_stages=plan.virtual_stages, trace=trace,
-                                   overlap_dp=overlap_dp)
+                                   overlap_dp=overlap_dp,
+                                   post_validation=options.optimizer_post_validation)
     return _prediction(model, plan, cluster, result.step_time_s, result.compute_s,
                        result.comm_s, result.events, options.attention,
                        fp32_main_grads=options.fp32_main_grads)
@@ -119,8 +120,9 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
         step, compute, comm = estimate_with_stragglers(costs, plan, stragglers,
                                                        overlap_dp=overlap_dp)
     elif plan.schedule in ZERO_BUBBLE_SCHEDULES:
-        step, compute, comm = estimate_zero_bubble(costs, plan.schedule, plan.num_microbatches,
-                                                   overlap_dp, plan.virtual_stages)
+        step, compute, comm = estimate_zero_bubble(
+            costs, plan.schedule, plan.num_microbatches, overlap_dp, plan.virtual_stages,
+            post_validation=options.optimizer_post_validation)
     else:
         step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
                                                 plan.virtual_stages)

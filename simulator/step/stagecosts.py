@@ -76,6 +76,12 @@ class SimOptions:
             (FSDP; DeepSpeed ``overlap_comm: true``); False: they block it (DeepSpeed's
             documented default ``overlap_comm: false``).
         efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
+        optimizer_post_validation: no synchronisation of all pipeline stages (global
+            gradient norm, inf/nan check) before the optimizer step; it is validated after the
+            update and rolled back if needed (Qi et al. 2024 §4; the sail-sg Megatron-LM fork's
+            ``--enable-optimizer-post-validation``), so steps overlap and the longest rank
+            span sets the step time (zero-bubble schedules only). torch.distributed.pipelining
+            has no such mode.
         fp32_main_grads: the framework keeps fp32 main gradients (Megatron, DeepSpeed):
             18 bytes of model state per parameter in bf16 instead of 16
             (`simulator.step.memory.main_grad_bytes_per_param`).
@@ -105,6 +111,7 @@ class SimOptions:
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
+    optimizer_post_validation: bool = False
 
 
 DEFAULT_OPTIONS = SimOptions()

@@ -40,14 +40,14 @@ class _Counter:
 
 
 def interleaved_zb_order(pp: int, m: int, rank: int, v: int = 1) -> list[Step]:
-    """ZB-H1 (v = 1; Qi et al. 2024 §3.1, Figure 3) and its interleaved form over v chunks
+    """ZB-H1 (v = 1; Qi et al. 2024 §2.1, Figure 3 top) and its interleaved form over v chunks
     (the ZB-1p of torch's ``ScheduleInterleavedZeroBubble``).
 
     Interleaved 1F1B's order with v chunks, rounds of r = m / max(1, m // pp) micro-batches
     and w = min((v − 1)·r + pp − 1 − rank, m·v) warm-up forwards; every backward is B only
     and the W of the oldest B follows each F/B pair and each cool-down B once ``rank`` pairs
     have passed (rank i defers i W's, which fill the cool-down bubble); the rest of the W's
-    end the step. Peak activations: pp micro-batches of a stage, as 1F1B (Qi et al. Table 1).
+    end the step. Peak activations: pp micro-batches of a stage, as 1F1B (Qi et al. Table 2).
 
     >>> [s[0] for s in interleaved_zb_order(2, 2, 1)]  # rank 1 of 2 defers one W
     [('F', 1, 0), ('B', 1, 0), ('F', 1, 1), ('B', 1, 1), ('W', 1, 0), ('W', 1, 1)]
@@ -73,6 +73,29 @@ def interleaved_zb_order(pp: int, m: int, rank: int, v: int = 1) -> list[Step]:
                 order.append((count.take("W", pending.pop(0)),))
     order += [(count.take("W", g),) for g in pending]
     return order
+
+
+def zb_h2_order(pp: int, m: int, rank: int) -> list[Step]:
+    """ZB-H2 (Qi et al. 2024 §2.2, Figure 3 bottom): 1F1B's order with w = min(2(pp − rank)
+    − 1, m) warm-up forwards, then for each micro-batch k: B(k), the W of the oldest B once
+    2·rank have waited (rank i defers 2i W's to the tail), then the next forward. With F = B
+    = W the ranks form a parallelogram: every rank busy from its first op to its last, at
+    (2·pp − 1) micro-batches of activations on rank 0 (their Table 2).
+
+    >>> [f"{s[0][0]}{s[0][2] + 1}" for s in zb_h2_order(4, 8, 3)][:6]  # Figure 3, device 4
+    ['F1', 'B1', 'F2', 'B2', 'F3', 'B3']
+    """
+    warm = min(2 * (pp - rank) - 1, m)
+    order: list[Step] = [(("F", rank, k),) for k in range(warm)]
+    pending: list[int] = []
+    for k in range(m):
+        order.append((("B", rank, k),))
+        pending.append(k)
+        if k >= 2 * rank:
+            order.append((("W", rank, pending.pop(0)),))
+        if k + warm < m:
+            order.append((("F", rank, k + warm),))
+    return order + [(("W", rank, k),) for k in pending]
 
 
 def zbv_order(pp: int, m: int, rank: int) -> list[Step]:
@@ -164,6 +187,7 @@ def dualpipev_order(pp: int, m: int, rank: int) -> list[Step]:
 #: Order function of each zero-bubble schedule: (pp, m, rank, v) -> steps.
 ORDERS: dict[str, Callable[[int, int, int, int], list[Step]]] = {
     "zb-h1": lambda pp, m, rank, v: interleaved_zb_order(pp, m, rank, 1),
+    "zb-h2": lambda pp, m, rank, v: zb_h2_order(pp, m, rank),
     "interleaved-zb": interleaved_zb_order,
     "zb-v": lambda pp, m, rank, v: zbv_order(pp, m, rank),
     "dualpipe-v": lambda pp, m, rank, v: dualpipev_order(pp, m, rank),
@@ -183,7 +207,7 @@ def peak_in_flight(order: list[Step]) -> int:
     """Most chunk micro-batches whose activations a rank holds at once under ``order``.
 
     A forward stores its chunk's activations; they are freed when the weight gradient is done
-    (W, or a whole backward BW): B still needs the layer inputs for W (Qi et al. 2024 §3.1).
+    (W, or a whole backward BW): B still needs the layer inputs for W (Qi et al. 2024 §2.3).
     In an overlapped F&B pair the forward allocates before the backward frees, which is the
     + 1 of DualPipe's PP + 1 (DeepSeek-V3 report, Table 2).
 

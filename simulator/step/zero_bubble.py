@@ -17,10 +17,12 @@ the bubble formulas of `bubble_formula_s`.
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 import simpy
 
 from planner.mesh import chunk_rank
+from planner.precision import storage_dtype
 from planner.spec import ModelSpec, Plan
 from simulator.network.hardware import DeviceProfile
 from simulator.step.compute import (
@@ -65,6 +67,8 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
     GEMM's wgrad, over the blocks' backward with any recomputation plus the edge backward).
 
     A share keeps the split right when the backward is host-bound or calibrated on a CPU.
+    Mixture-of-experts blocks take the share of the dense block of the same widths (expert
+    GEMMs, like dense ones, cost their forward time in wgrad).
     """
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel, attention,
                        plan.dtype, device, eff, plan.cp)
@@ -78,7 +82,7 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
                                    first=g == 0, last=last, cp=plan.cp)
         t = plan.micro_batch * model.seq_len // plan.cp
         e_w = gemm_time_s(t, model.vocab_size // plan.tp, model.hidden,
-                          device.peak(plan.dtype), eff) if last else 0.0
+                          device.peak(storage_dtype(plan.dtype)), eff) if last else 0.0
         share = (layers * w_layer + e_w) / (layers * (lc.bwd_s + recompute) + e_bwd)
         out.append(dataclasses.replace(c, wgrad_s=c.bwd_compute_s * min(1.0, share)))
     return out
@@ -153,7 +157,8 @@ def _send(env: simpy.Environment, pipe: _Pipeline, rank, schedule: str, kind: st
 
 def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatches: int, *,
                          virtual_stages: int = 1, trace: bool = False,
-                         overlap_dp: bool = False) -> PipelineResult:
+                         overlap_dp: bool = False, post_validation: bool = False
+                         ) -> PipelineResult:
     """Run one step of zero-bubble ``schedule`` over ``costs`` (pp·v chunks in pipeline
     order, chunk g on rank `planner.mesh.chunk_rank`) in SimPy.
 
@@ -161,7 +166,9 @@ def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
     waiting for each op's input (the activation of a forward, the gradient of a B); F, B, W
     and BW cost per `step_times`; sends go on the P2P streams as in
     `simulator.step.pipeline.simulate_pipeline`, whose result this returns. With
-    ``overlap_dp`` the gradient buckets reduce under the rank's last weight-gradient step.
+    ``overlap_dp`` the gradient buckets reduce under the rank's last weight-gradient step;
+    with ``post_validation`` the longest rank span sets the step (Qi et al. 2024 §4,
+    `simulator.step.pipeline.pipeline_result`).
     """
     env = simpy.Environment()
     pp = len(costs) // virtual_stages
@@ -170,74 +177,124 @@ def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
         order = rank_order(schedule, pp, num_microbatches, stage, virtual_stages)
         env.process(_rank_process(env, pipe, stage, order, schedule, overlap_dp))
     env.run()
-    return pipeline_result(pipe)
+    return pipeline_result(pipe, post_validation)
+
+
+@lru_cache(maxsize=256)
+def _dependencies(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple, ...], ...]:
+    # Per rank, per step: (step, the arrival keys it waits for, the keys it produces with
+    # whether each crosses to another rank and the chunk whose send time it takes, and
+    # which P2P direction). Cached: the planner asks for the same shapes many times.
+    last_g, ranks = pp * v - 1, []
+    for r in range(pp):
+        steps = []
+        for step in rank_order(schedule, pp, m, r, v):
+            needs = tuple([("F", g, k) for kind, g, k in step if kind == "F" and g > 0]
+                          + [("B", g, k) for kind, g, k in step
+                             if kind in ("B", "BW") and g < last_g])
+            makes = []
+            for kind, g, k in step:
+                if kind == "F" and g < last_g:
+                    makes.append((("F", g + 1, k), chunk_rank(schedule, pp, g + 1) != r, g, 0))
+                elif kind in ("B", "BW") and g > 0:
+                    makes.append((("B", g - 1, k), chunk_rank(schedule, pp, g - 1) != r, g, 1))
+            steps.append((step, needs, tuple(makes)))
+        ranks.append(tuple(steps))
+    return tuple(ranks)
 
 
 def _timeline(costs: list[StageCosts], schedule: str, m: int,
-              v: int) -> tuple[list[float], list[float], list[float]]:
-    # Each rank's (end of its last op, busy compute, exposed comm) from list scheduling of
-    # the orders: a step starts when its rank is free and its inputs have arrived (producer
-    # end + the P2P time); sends do not queue. The SimPy run without stream contention.
-    pp, last_g = len(costs) // v, len(costs) - 1
-    orders = [rank_order(schedule, pp, m, r, v) for r in range(pp)]
+              v: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    # Each rank's (end of its last op, busy compute, exposed comm, start of its first op)
+    # from list scheduling of the orders: a step starts when its rank is free and its inputs
+    # have arrived (producer end + the P2P time); sends do not queue. The SimPy run without
+    # stream contention.
+    pp = len(costs) // v
+    ranks = _dependencies(schedule, pp, m, v)
+    sends = [(c.p2p_fwd_s, c.p2p_bwd_s) for c in costs]
+    single = {(kind, g): _op_times(c, kind) for g, c in enumerate(costs)
+              for kind in ("F", "B", "W", "BW")}
     ready: dict[tuple, float] = {}
     free, compute, comm, nxt = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0] * pp
+    first: list[float | None] = [None] * pp
     progress = True
     while progress:
         progress = False
         for r in range(pp):
-            while nxt[r] < len(orders[r]):
-                step = orders[r][nxt[r]]
-                needs = [("F", g, k) for kind, g, k in step if kind == "F" and g > 0] + \
-                    [("B", g, k) for kind, g, k in step if kind in ("B", "BW") and g < last_g]
+            steps, i = ranks[r], nxt[r]
+            while i < len(steps):
+                step, needs, makes = steps[i]
                 if any(key not in ready for key in needs):
                     break
-                c, x = step_times(costs, step)
-                end = max([free[r]] + [ready[key] for key in needs]) + c + x
-                free[r], compute[r], comm[r], nxt[r] = end, compute[r] + c, comm[r] + x, \
-                    nxt[r] + 1
-                progress = True
-                for kind, g, k in step:
-                    if kind == "F" and g < last_g:
-                        hop = chunk_rank(schedule, pp, g + 1) != r
-                        ready[("F", g + 1, k)] = end + hop * costs[g].p2p_fwd_s
-                    elif kind in ("B", "BW") and g > 0:
-                        hop = chunk_rank(schedule, pp, g - 1) != r
-                        ready[("B", g - 1, k)] = end + hop * costs[g].p2p_bwd_s
-    return free, compute, comm
+                c, x = single[step[0][:2]] if len(step) == 1 else step_times(costs, step)
+                start = free[r]
+                for key in needs:
+                    start = max(start, ready[key])
+                end = start + c + x
+                first[r] = start if first[r] is None else first[r]
+                free[r], compute[r], comm[r], i = end, compute[r] + c, comm[r] + x, i + 1
+                for key, hop, g, direction in makes:
+                    ready[key] = end + hop * sends[g][direction]
+            progress = progress or i > nxt[r]
+            nxt[r] = i
+    return free, compute, comm, [f or 0.0 for f in first]
 
 
 def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatches: int,
-                         overlap_dp: bool = False,
-                         virtual_stages: int = 1) -> tuple[float, float, float]:
+                         overlap_dp: bool = False, virtual_stages: int = 1, *,
+                         post_validation: bool = False) -> tuple[float, float, float]:
     """Closed form of `simulate_zero_bubble`: ``(step_s, compute_s, comm_s)``.
 
     List scheduling of the ranks' orders (each step starts when its rank is free and its
     inputs have arrived; P2P sends do not queue), then each rank's once-per-step tail
     (exposed DP reduction, optimizer, weight gather; `simulator.step.pipeline.exposed_dp_s`,
     with the W time as the backward it hides under). The critical rank is the one that
-    finishes last. Equals the SimPy step when sends do not contend.
+    finishes last (with ``post_validation``: whose span from first op to optimizer end is
+    longest). Equals the SimPy step when sends do not contend.
 
     Warm-up and cool-down of these orders span under 2·pp micro-batches and the steady
-    state repeats every micro-batch, so for m > 3·pp the ranks are scheduled for m₀ = 2·pp
-    and m₁ = 3·pp micro-batches and extended linearly to m (interleaved-zb only when pp
-    divides m, so that its rounds stay pp long).
+    state repeats every micro-batch, so for m > 2·pp the ranks are scheduled for m₀ = 2·pp
+    micro-batches and extended by (m − m₀) rounds of the busiest rank's work per
+    micro-batch (its chunks' F + B + W + exposed comm). DualPipe-V's steady state has no
+    slack, so its P2P times add to each round: it is scheduled for 2·pp and 3·pp and
+    extended along that slope. interleaved-zb is extended only when pp divides m (its rounds
+    then stay pp long).
     """
     pp, v, m = len(costs) // virtual_stages, virtual_stages, num_microbatches
-    if m <= 3 * pp or (schedule == "interleaved-zb" and m % pp):
-        ends, compute, comm = _timeline(costs, schedule, m, v)
-    else:
+    if m <= 2 * pp or (schedule == "interleaved-zb" and m % pp) or \
+            (schedule == "dualpipe-v" and m <= 3 * pp):
+        ends, compute, comm, starts = _timeline(costs, schedule, m, v)
+    elif schedule == "dualpipe-v":
         runs = [_timeline(costs, schedule, n, v) for n in (2 * pp, 3 * pp)]
-        ends, compute, comm = ([b + (b - a) * (m - 3 * pp) / pp
-                                for a, b in zip(*pair, strict=True)]
-                               for pair in zip(*runs, strict=True))
+        ends, compute, comm, starts = ([b + (b - a) * (m - 3 * pp) / pp
+                                        for a, b in zip(*pair, strict=True)]
+                                       for pair in zip(*runs, strict=True))
+    else:
+        ends, compute, comm, starts = _timeline(costs, schedule, 2 * pp, v)
+        work = [[c for g, c in enumerate(costs) if chunk_rank(schedule, pp, g) == r]
+                for r in range(pp)]
+        per_mb = [(sum(c.fwd_compute_s + c.bwd_compute_s for c in w),
+                   sum(c.fwd_comm_s + c.bwd_comm_s for c in w)) for w in work]
+        pace, extra = max(c + x for c, x in per_mb), m - 2 * pp
+        ends = [e + extra * pace for e in ends]
+        compute = [c + extra * mb[0] for c, mb in zip(compute, per_mb, strict=True)]
+        comm = [x + extra * mb[1] for x, mb in zip(comm, per_mb, strict=True)]
+    origin = starts if post_validation else [0.0] * pp
+    return _with_tails(costs, pp, ends, compute, comm, overlap_dp, origin)
+
+
+def _with_tails(costs: list[StageCosts], pp: int, ends: list[float], compute: list[float],
+                comm: list[float], overlap_dp: bool,
+                origin: list[float]) -> tuple[float, float, float]:
+    # Each rank's once-per-step tail after its last op; the rank whose end is latest (counted
+    # from its origin) is critical.
     finish = []
     for r in range(pp):
         tail = costs[r]
         hidden = dataclasses.replace(tail, bwd_compute_s=tail.wgrad_s or tail.bwd_compute_s,
                                      bwd_comm_s=0.0 if tail.wgrad_s else tail.bwd_comm_s)
         exposed = exposed_dp_s(hidden, overlap_dp) + tail.dp_gather_s
-        finish.append((ends[r] + exposed + tail.optimizer_s, exposed))
+        finish.append((ends[r] + exposed + tail.optimizer_s - origin[r], exposed))
     crit = max(range(pp), key=lambda r: (finish[r][0], compute[r] + comm[r]))
     return (finish[crit][0], compute[crit] + costs[crit].optimizer_s,
             comm[crit] + finish[crit][1])

@@ -46,7 +46,7 @@ def test_ranked_best_first_refined_rows_lead(llama8b_result):
         assert row.tokens_per_s == pytest.approx(64 * 8192 / row.step_time_s, rel=1e-9)
     # the search covers every knob of the space
     for column, values in {"zero_stage": {0, 1, 2, 3}, "recompute": {"none", "selective", "full"},
-                           "schedule": {"1f1b", "interleaved-1f1b"},
+                           "schedule": {"1f1b", "interleaved-1f1b", "zb-h1", "zb-v"},
                            "sequence_parallel": {False, True}}.items():
         assert set(ranked[column]) == values, column
 
@@ -143,7 +143,8 @@ def test_closed_form_ranks_interleaved_plans_as_the_simulation_does():
     # a round per other rank for fill and drain (`estimate_pipeline`), so it follows the SimPy
     # run: the simulated best is among the 10 best estimates, within 2% of its simulated time.
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-h100", nodes=8)
-    r = search(model, cluster, global_batch=128, top_k=10)
+    r = search(model, cluster, global_batch=128, top_k=10,
+               space=SearchSpace(schedule=("1f1b", "interleaved-1f1b")))
     best = r.best
     refined = [r.plans[i] for i in r.ranked.loc[r.ranked.tier == "simulated", "id"]]
     by_estimate = sorted(refined, key=lambda p: estimate(model, p, cluster).step_time_s)

@@ -100,12 +100,13 @@ def test_default_space_counts_by_hand():
     # tiny-gpt (4 layers, 4 heads) on 2 devices, gb 4, 2 per node. Splits (tp, pp, dp):
     # (1,1,2), (1,2,1), (2,1,1). Micro-batches: divisors of 4/dp up to 8.
     #   (1,1,2): mb {1,2} x recompute 3 x zero 4                           = 24
-    #   (1,2,1): mb {1,2,4} x (1f1b + interleaved v=2) x recompute 3; the
-    #            interleaved schedule needs m = 4/mb even: mb {1, 2}      = 9 + 6 = 15
+    #   (1,2,1): mb {1,2,4} x (1f1b + interleaved v=2 + zb-h1 + zb-v) x recompute 3; the
+    #            interleaved schedule needs m = 4/mb even: mb {1, 2}; zb-h1's rounds
+    #            max(1, m // 2) divide m = 4, 2, 1; zb-v takes any m  = 9 + 6 + 9 + 9 = 33
     #   (2,1,1): mb {1,2,4} x recompute 3 x sp 2                           = 18
     model = load_model("tiny-gpt")
     plans, rejected = _walk(model, SearchSpace(), devices=2, global_batch=4, per_node=2)
-    assert len(plans) == 24 + 15 + 18
+    assert len(plans) == 24 + 33 + 18
     assert len({p.id for p in plans}) == len(plans)  # ids are unique
     assert list(rejected) == ["tp1-pp2-dp1-mb4-gb4-v2"]  # m = 1 on 2 stages
 

@@ -46,7 +46,7 @@ def test_orders_are_the_ones_torch_runs(schedule, pp, m):
 
 def _span_bubbles(events: list[tuple], pp: int) -> list[float]:
     # Idle compute time of each rank between its first and last op: the bubble the papers
-    # count (Qi et al. 2024 Table 1, DeepSeek-V3 report Table 2).
+    # count (Qi et al. 2024 Table 2, DeepSeek-V3 report Table 2).
     out = []
     for r in range(pp):
         ops = [e for e in events if e[0] == r and e[1] == "compute"]
@@ -70,7 +70,7 @@ def test_zb_h1_two_stages_four_microbatches_worked_by_hand():
 
 @pytest.mark.parametrize("pp", [2, 4, 6])
 def test_bubbles_with_unit_times_match_the_papers(pp):
-    # F = B = W = 1, m = 3p. Qi et al. 2024 Table 1: 1F1B (p − 1)(F + B + W) = 3(p − 1);
+    # F = B = W = 1, m = 3p. Qi et al. 2024 Table 2: 1F1B (p − 1)(F + B + W) = 3(p − 1);
     # ZB-H1 (p − 1)(F + B − W) = p − 1 (DeepSeek-V3 Table 2 writes it (PP − 1)(F + B − 2W)
     # with B the whole backward). Interleaved ZB over v = 2 chunks of F = B = W = 1: the
     # same p − 1 in chunk times. ZB-V (Qi et al. §6): zero bubble when F = B = W.
@@ -93,7 +93,7 @@ def test_step_time_of_zb_h1_against_1f1b():
 
 @pytest.mark.parametrize("pp", [2, 4])
 def test_activation_peaks_match_the_papers(pp):
-    # Qi et al. 2024 Table 1: ZB-H1 peaks at p micro-batches of a stage, as 1F1B; §6: ZB-V
+    # Qi et al. 2024 Table 2: ZB-H1 peaks at p micro-batches of a stage, as 1F1B; §6: ZB-V
     # the same, 2p chunk micro-batches of half a stage; DeepSeek-V3 Table 2: DualPipe PP + 1
     # chunk micro-batches with PP = 2p stages.
     m = 4 * pp
@@ -127,3 +127,56 @@ def test_closed_form_matches_simpy_on_equal_stages(schedule, v):
     step, compute, _ = estimate_zero_bubble([c] * (4 * v), schedule, 24, False, v)
     assert step == pytest.approx(sim.step_time_s)
     assert compute == pytest.approx(sim.compute_s)
+
+
+def test_a_straggler_slows_both_chunks_of_its_v_rank():
+    # ZB-V, p = 2, m = 4, F = B = W = 1: rank 1 holds chunks 1 and 2 (Qi et al. §6). Slowing
+    # rank 1 by 2x stretches those chunks only, so the SimPy straggler run and the closed form
+    # both equal the plain run of costs with chunks 1 and 2 doubled.
+    from simulator.failures.stragglers import estimate_with_stragglers, slowed_costs
+    from simulator.step.zero_bubble import estimate_zero_bubble
+    plan = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="zb-v",
+                virtual_stages=2)
+    slow = StageCosts(fwd_compute_s=2.0, bwd_compute_s=4.0, wgrad_s=2.0)
+    assert slowed_costs([UNIT] * 4, (1.0, 2.0), "zb-v") == [UNIT, slow, slow, UNIT]
+    step, _, _ = estimate_with_stragglers([UNIT] * 4, plan, {1: 2.0})
+    assert step == estimate_zero_bubble([UNIT, slow, slow, UNIT], "zb-v", 4, False, 2)[0]
+
+
+#: Qi et al. 2024 Figure 3 (bottom), ZB-H2 with p = 4, m = 8: each device's passes in order,
+#: micro-batches numbered from 1 (F, B and W read off the figure's colours).
+FIGURE3_ZB_H2 = [
+    "F1 F2 F3 F4 F5 F6 F7 B1 W1 F8 B2 W2 B3 W3 B4 W4 B5 W5 B6 W6 B7 W7 B8 W8",
+    "F1 F2 F3 F4 F5 B1 F6 B2 F7 B3 W1 F8 B4 W2 B5 W3 B6 W4 B7 W5 B8 W6 W7 W8",
+    "F1 F2 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 W1 F8 B6 W2 B7 W3 B8 W4 W5 W6 W7 W8",
+    "F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 W1 F8 B8 W2 W3 W4 W5 W6 W7 W8",
+]
+
+
+def test_zb_h2_order_is_figure_3():
+    for rank, row in enumerate(FIGURE3_ZB_H2):
+        order = rank_order("zb-h2", 4, 8, rank)
+        assert " ".join(f"{s[0][0]}{s[0][2] + 1}" for s in order) == row
+
+
+@pytest.mark.parametrize("f,b,w", [(1.0, 1.0, 1.0), (1.2, 1.3, 0.8)])
+def test_zb_h2_with_post_validation_has_the_papers_bubble(f, b, w):
+    # Qi et al. 2024 Table 2: ZB-H2's bubble is (p − 1)(F + B − 2W), 0 when F = B = W, once the
+    # optimizer step no longer synchronises the stages (§4): the longest rank span, minus the
+    # m(F + B + W) of work, is that bubble. ZB-H1 keeps (p − 1)(F + B − W). p = 4, m = 12.
+    c = StageCosts(fwd_compute_s=f, bwd_compute_s=b + w, wgrad_s=w)
+    work = 12 * (f + b + w)
+    h2 = simulate_pipeline([c] * 4, "zb-h2", 12, post_validation=True).step_time_s
+    h1 = simulate_pipeline([c] * 4, "zb-h1", 12, post_validation=True).step_time_s
+    assert h2 - work == pytest.approx(3 * (f + b - 2 * w))
+    assert h1 - work == pytest.approx(3 * (f + b - w))
+    assert peak_in_flight(rank_order("zb-h2", 4, 12, 0)) == 2 * 4 - 1  # (2p − 1) M_B
+
+
+def test_zb_h2_is_never_planned_or_run():
+    from planner.planfile import check_runnable
+    from planner.space import ZB_H2_REASON
+    plan = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="zb-h2")
+    with pytest.raises(PlanError, match="torch.distributed.pipelining has no ZB-H2 schedule"):
+        check_runnable(plan)
+    assert "simulated only" in ZB_H2_REASON
