@@ -174,7 +174,10 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     stage 1 shards optimizer states over dp (dp·cp with context parallelism, as Megatron's
     distributed optimizer does), 2 also gradients, 3 also weights. Activations are
     `layer_activation_bytes` × the stage's layers × `microbatches_in_flight`, plus the
-    embedding / logits on the first / last stage.
+    embedding / logits on the first / last stage. An MoE model (`simulator.step.moe`) holds
+    E/ep experts per rank, sharded by ZeRO over edp, the dispatched tokens' activations, and
+    under ZeRO-3 two gathered blocks' weights (`zero3_buffer_bytes`; not yet counted for
+    dense models).
 
     Args:
         overhead_bytes: fixed per-rank extra (framework context, buffers); 0 by default.
@@ -195,9 +198,15 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
         params, experts = stage_param_split(model, plan, stage)
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
+        gathered = 0.0
         if model.is_moe:
-            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
+            from simulator.step.moe import (
+                activation_delta_bytes,
+                stage_expert_blocks,
+                zero3_buffer_bytes,
+            )
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+            gathered = zero3_buffer_bytes(model, plan)
         z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
         g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
             (d, optimizer_bytes_per_param(plan.dtype))
@@ -209,7 +218,7 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                 + e * per_param / (es if z >= from_stage else 1)
 
         out.append(MemoryBreakdown(
-            weights_bytes=held(d, 3), gradients_bytes=held(g, 2),
+            weights_bytes=held(d, 3) + gathered, gradients_bytes=held(g, 2),
             optimizer_bytes=held(o, 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))
