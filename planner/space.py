@@ -26,6 +26,7 @@ from planner.spec import (
     Schedule,
     ZeroStage,
     _choices,
+    balanced_split,
     degrees_text,
     divisors,
 )
@@ -324,7 +325,7 @@ def enumerate_candidates(model: ModelSpec, space: SearchSpace, *, devices_per_no
             yield Rejection(id=split_id, reason=reason, kind="tp")
             continue
         reason = layers_reason(model, pp, 1)
-        if reason:
+        if reason and not model.is_moe:
             yield Rejection(id=split_id, reason=reason, kind="layers")
             continue
         yield from _split_plans(model, space, tp, cp, pp, dp, global_batch, dtype, mbs_fixed)
@@ -348,6 +349,9 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
     places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
                                  else (MESH_AXES,))
     rcs = space.recompute or ("none", "selective", "full")
+    # An MoE model's layers need not split evenly: its stages take the balanced split
+    # (Megatron-Core --decoder-first/last-pipeline-num-layers; DeepSeek-V3's 61 blocks).
+    split = balanced_split(model.num_layers, pp) if model.is_moe else None
     experts = []
     for item in expert_splits(model, space, tp, tp * cp * dp):
         if isinstance(item, Rejection):
@@ -382,4 +386,5 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
                                            global_batch=global_batch, schedule=schedule,
                                            virtual_stages=v, recompute=rc, zero_stage=zero,
                                            sequence_parallel=sp, dtype=dtype,
-                                           placement=place, ep=ep, etp=etp)
+                                           placement=place, ep=ep, etp=etp,
+                                           stage_layers=split)
