@@ -27,11 +27,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = command_console(args)
     check_run_args(args)
     config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data,
-                                 faults=run_fault_kwargs(args))
+                                 faults=run_fault_kwargs(args), ep=args.ep)
     echo_run_config(console, config)
     console.print(f"  saved   {save_run_config(config)}", highlight=False)
     summary = with_step_progress(console, config, lambda: run_plan(
-        args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data,
+        args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data, ep=args.ep,
         **run_fault_kwargs(args)))
     if args.json:
         print(json.dumps(summary))
@@ -53,5 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sr.add_argument("--data", help="text file to train on (default: Python stdlib sources)")
     sr.add_argument("--out", help="run folder (default runs/<plan id>)")
     sr.add_argument("--json", action="store_true", help="print summary.json on stdout")
+    sr.add_argument("--ep", type=int, default=None, metavar="N",
+                    help="expert parallel degree of a mixture-of-experts plan, folded into its "
+                         "dp ranks (default: the plan's ep, else 1)")
     add_run_fault_args(sr)
     sr.set_defaults(func=cmd_run)

@@ -34,7 +34,7 @@ def run_folder(out_dir: str | os.PathLike | None, plan_id: str) -> Path:
 
 def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
                         out_dir: str | os.PathLike | None, data: str | None,
-                        faults: dict | None = None) -> dict:
+                        faults: dict | None = None, ep: int | None = None) -> dict:
     """Every setting of a run, defaults filled in: plan file, model, plan, cluster, steps,
     data, run folder, fault-tolerance options and the torchrun command line.
 
@@ -43,6 +43,7 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
             checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan,
             max_restarts); None: the defaults. The command carries every one that is not a
             default, so running it reproduces the run.
+        ep: expert parallel degree (``--ep``; None: the plan's).
     Raises:
         PlanError: the plan file is missing or invalid.
     """
@@ -62,7 +63,8 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
         timeout_s=options["collective_timeout_s"], on_nan=options["on_nan"])
     command = local_torchrun_command(plan_path, steps=steps, out_dir=out, data=data,
                                nproc=pf.plan.world_size, master_port=0,
-                               max_restarts=options["max_restarts"], train_args=train_args)
+                               max_restarts=options["max_restarts"], train_args=train_args,
+                               ep=ep)
     return {"meshplan_version": __version__, "plan_file": str(plan_path),
             "plan_id": pf.plan.id, "world_size": pf.plan.world_size, "steps": steps,
             "data": data or "python-stdlib-sources", "out_dir": str(out),
@@ -91,6 +93,9 @@ def check_run_args(args) -> None:
     from runtime.resilience import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
     check_runnable(pf.plan)
+    from runtime.precision import machine_dtype_error
+    if (problem := machine_dtype_error(pf.plan.dtype)) is not None:
+        raise PlanError(problem)   # e.g. an FP8 plan on a CPU: refused, not run as fp32
     # --steps and the fault flags, checked as runtime.train's workers check them
     config = TrainConfig.from_args(args, out_dir=str(run_folder(args.out, pf.plan.id)))
     if args.max_restarts < 0:
@@ -103,8 +108,10 @@ def check_run_args(args) -> None:
             read_corpus(args.data, pf.model.seq_len)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
-    from runtime.train import cluster_block_error
+    from runtime.train import cluster_block_error, moe_plan_error
     if (problem := cluster_block_error(pf)) is not None:
+        raise PlanError(problem)
+    if (problem := moe_plan_error(pf.model, pf.plan, config.ep)) is not None:
         raise PlanError(problem)
     if (problem := fault_args_error(config, world=pf.plan.world_size,
                                     global_batch=pf.plan.global_batch)) is not None:

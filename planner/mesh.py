@@ -15,7 +15,7 @@ all read the layout from here.
 
 from __future__ import annotations
 
-from planner.spec import Plan, PlanError
+from planner.spec import V_SCHEDULES, Plan, PlanError
 
 #: Every mesh axis, in the order coordinates are reported (outermost of the default first).
 AXES = ("pp", "dp", "cp", "tp")
@@ -182,3 +182,32 @@ def expert_group_ranks(plan: Plan, axis: str, *, stage: int = 0, index: int = 0)
     for j in range(start, start + size * stride, stride):   # `stage_ranks` order, unbuilt
         out.append(base + j % tp * s["tp"] + j // tp % cp * s["cp"] + j // (tp * cp) * s["dp"])
     return out
+
+
+def chunk_rank(schedule: str, pp: int, chunk: int) -> int:
+    """The pipeline rank that runs model chunk ``chunk`` (pipeline order, 0 .. pp·v − 1) under
+    ``schedule``.
+
+    Interleaved schedules loop the chunks over the ranks (chunk g on rank g % pp, Narayanan et
+    al. 2021 §2.2); ZB-V and DualPipe-V fold them in a V, so rank r holds chunks r and
+    2·pp − 1 − r and the first and last chunks share rank 0 (Qi et al. 2024, §6;
+    torch.distributed.pipelining ``generate_stage_to_rank_mapping(style="v")``).
+
+    >>> [chunk_rank("zb-v", 2, g) for g in range(4)], [chunk_rank("interleaved-1f1b", 2, g)
+    ...                                                for g in range(4)]
+    ([0, 1, 1, 0], [0, 1, 0, 1])
+    """
+    if schedule in V_SCHEDULES and chunk >= pp:
+        return 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def rank_chunks(plan: Plan, rank: int) -> tuple[int, ...]:
+    """The model chunks pipeline rank ``rank`` holds, in increasing order (`chunk_rank`).
+
+    >>> rank_chunks(Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="zb-v",
+    ...                  virtual_stages=2), 0)
+    (0, 3)
+    """
+    return tuple(g for g in range(plan.pp * plan.virtual_stages)
+                 if chunk_rank(plan.schedule, plan.pp, g) == rank)

@@ -168,9 +168,31 @@ def tp_reason(model: ModelSpec, tp: int) -> str:
     return ""
 
 
+def edge_stage_layers(model: ModelSpec, pp: int, v: int) -> tuple[int, ...] | None:
+    """Layers per chunk when pp·v chunks do not split the layers evenly but would with two
+    more: the first and the last chunk get one layer fewer, as Llama 3 405B's 126 layers on
+    16 stages (Dubey et al. 2024, §3.3.2: one layer fewer on the first and last stages, which
+    hold the embedding and the output layer; Megatron-LM's
+    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``).
+    None when the layers split evenly or this split does not exist either.
+
+    >>> from planner.presets import load_model
+    >>> edge_stage_layers(load_model("llama3-405b"), 16, 1)
+    (7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7)
+    """
+    chunks = pp * v
+    if chunks < 3 or model.num_layers % chunks == 0 or (model.num_layers + 2) % chunks:
+        return None
+    per = (model.num_layers + 2) // chunks
+    if per < 2:
+        return None
+    return (per - 1,) + (per,) * (chunks - 2) + (per - 1,)
+
+
 def layers_reason(model: ModelSpec, pp: int, v: int) -> str:
-    """'' if the layers split evenly over pp·v chunks, else `Plan.layers_per_stage`'s message."""
-    if model.num_layers % (pp * v) == 0:
+    """'' if the layers split evenly over pp·v chunks (or with one fewer on the first and
+    last, `edge_stage_layers`), else `Plan.layers_per_stage`'s message."""
+    if model.num_layers % (pp * v) == 0 or edge_stage_layers(model, pp, v):
         return ""
     return (f"num_layers={model.num_layers} does not split over pp*virtual_stages = "
             f"{pp}*{v} = {pp * v}; give stage_layers explicitly or use pp*virtual_stages in "
@@ -237,7 +259,7 @@ def splits(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
                 continue
             rest = n // (tp * cp)
             pps = space.pp or tuple(d for d in divisors(rest) if d <= model.num_layers
-                                    and (exact or model.num_layers % d == 0))
+                                    and (exact or not layers_reason(model, d, 1)))
             for pp in pps:
                 if reason := _fill_reason(degrees_text(tp, cp, pp), tp * cp * pp, n, exact):
                     yield Rejection(id=f"{c_id}-pp{pp}", kind="devices", reason=reason)
@@ -296,7 +318,7 @@ def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, i
         elif pp > 1:
             vs = space.virtual_stages or tuple(
                 v for v in range(2, MAX_VIRTUAL_STAGES + 1)
-                if model.num_layers % (pp * v) == 0)
+                if model.num_layers % (pp * v) == 0 or edge_stage_layers(model, pp, v))
             out += [(schedule, v) for v in vs]
     return out
 
@@ -349,9 +371,6 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
     places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
                                  else (MESH_AXES,))
     rcs = space.recompute or ("none", "selective", "full")
-    # An MoE model's layers need not split evenly: its stages take the balanced split
-    # (Megatron-Core --decoder-first/last-pipeline-num-layers; DeepSeek-V3's 61 blocks).
-    split = balanced_split(model.num_layers, pp) if model.is_moe else None
     experts = []
     for item in expert_splits(model, space, tp, tp * cp * dp):
         if isinstance(item, Rejection):
@@ -366,6 +385,10 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
             if reason:
                 yield Rejection(id=f"{split_id}-v{v}", reason=reason, kind="layers")
                 continue
+        # An MoE model's layers need not split evenly either: its stages take the balanced
+        # split (Megatron-Core's first/last-stage layer counts; DeepSeek-V3's 61 blocks).
+        layout = edge_stage_layers(model, pp, v) or (
+            balanced_split(model.num_layers, pp * v) if model.is_moe else None)
         for mb in mbs:
             mb_id = f"{split_id}-mb{mb}-gb{global_batch}"
             if per_replica % mb:
@@ -387,4 +410,4 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
                                            virtual_stages=v, recompute=rc, zero_stage=zero,
                                            sequence_parallel=sp, dtype=dtype,
                                            placement=place, ep=ep, etp=etp,
-                                           stage_layers=split)
+                                           stage_layers=layout)

@@ -18,14 +18,25 @@ from typing import Literal, get_args
 
 Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zb-v",
+                   "dualpipe-v"]
+#: Schedules that split the backward into input-gradient (B) and weight-gradient (W) work
+#: (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"; DeepSeek-V3's DualPipe-V).
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "interleaved-zb", "zb-v", "dualpipe-v")
+#: Schedules whose pipeline ranks hold several model chunks.
+MULTI_CHUNK_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
+#: Schedules that place two chunks per rank in a V: rank r holds stages r and 2·pp − 1 − r.
+V_SCHEDULES = ("zb-v", "dualpipe-v")
 Recompute = Literal["none", "selective", "full"]
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"]
 ZeroStage = Literal[0, 1, 2, 3]
 Router = Literal["softmax", "sigmoid"]
 
-#: Bytes per element of each training dtype (tf32 is stored as fp32).
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes per stored element (weights, activations, gradients) of each training dtype: tf32 is
+#: stored as fp32; the low-precision recipes (`planner.precision`) store bf16 and cast only
+#: the linear GEMMs' operands.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2,
+                               "fp8-current": 2, "mxfp8": 2, "nvfp4": 2}
 
 #: Axis names of a plan's device mesh, the order `placement` permutes.
 MESH_AXES = ("tp", "dp", "pp")
@@ -390,12 +401,18 @@ class Plan:
             tp-cp-dp-pp order) and reduce gradients with the dp ranks (dp·cp ranks in all).
         micro_batch: sequences per micro-batch on one data-parallel rank.
         global_batch: sequences per optimizer step, all DP ranks together.
-        schedule: pipeline schedule ("gpipe", "1f1b", "interleaved-1f1b").
-        virtual_stages: model chunks per pipeline rank (> 1 only with "interleaved-1f1b").
+        schedule: pipeline schedule: "gpipe", "1f1b", "interleaved-1f1b", or one that splits
+            the backward into input- and weight-gradient work (`ZERO_BUBBLE_SCHEDULES`):
+            "zb-h1" (Qi et al. 2024, §3.1), "interleaved-zb" (its interleaved form, ZB-1p
+            over v chunks), "zb-v" (Qi et al. 2024, §6) and "dualpipe-v" (DeepSeek-V3, §3.2.1,
+            cut in half); see `simulator.step.zero_bubble`.
+        virtual_stages: model chunks per pipeline rank (> 1 only with a multi-chunk schedule,
+            `MULTI_CHUNK_SCHEDULES`; exactly 2 with "zb-v" and "dualpipe-v").
         recompute: activation recomputation policy ("none", "selective", "full").
         zero_stage: ZeRO stage of the data-parallel optimizer (0 = plain DDP; 3 = FSDP).
         sequence_parallel: shard norms/dropout activations over tp (Korthikanti et al. 2022).
-        dtype: compute dtype of the step.
+        dtype: compute dtype of the step, or a low-precision recipe for the linear GEMMs
+            (``fp8``, ``fp8-current``, ``mxfp8``, ``nvfp4``; `planner.precision`).
         placement: mesh axes from innermost (fastest varying over device ids) to outermost.
         stage_layers: layers per pipeline stage; None splits layers evenly.
         ep: expert-parallel degree of a mixture-of-experts model: the routed experts of each
@@ -444,9 +461,10 @@ class Plan:
                 f"{self.dp}*{self.micro_batch} = {per_step}; use global_batch a multiple of "
                 f"{per_step}"
             )
-        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+        if self.virtual_stages > 1 and self.schedule not in MULTI_CHUNK_SCHEDULES:
             raise PlanError(f"virtual_stages={self.virtual_stages} needs "
                             f"schedule='interleaved-1f1b', not {self.schedule!r}")
+        self._check_zero_bubble()
         if self.schedule == "interleaved-1f1b" and self.pp > 1 and \
                 self.num_microbatches % self.pp:
             raise PlanError(
@@ -461,6 +479,25 @@ class Plan:
                 raise PlanError(
                     f"stage_layers={list(layers)} must list pp*virtual_stages = "
                     f"{self.pp * self.virtual_stages} positive layer counts")
+
+    def _check_zero_bubble(self) -> None:
+        # The micro-batch rules of torch.distributed.pipelining's zero-bubble schedules.
+        v, m, pp = self.virtual_stages, self.num_microbatches, self.pp
+        if self.schedule in V_SCHEDULES and v != 2:
+            raise PlanError(f"schedule={self.schedule!r} places two chunks per rank in a V; "
+                            f"use virtual_stages=2, not {v}")
+        if self.schedule == "interleaved-zb" and v < 2:
+            raise PlanError("schedule='interleaved-zb' needs virtual_stages >= 2 "
+                            f"({v} given); use schedule='zb-h1' for one chunk per rank")
+        rounds = max(1, m // pp)
+        if self.schedule in ("zb-h1", "interleaved-zb") and m % rounds:
+            raise PlanError(f"schedule={self.schedule!r} needs the micro-batch count ({m}) "
+                            f"to be a multiple of its rounds max(1, m // pp) = {rounds}; "
+                            f"use a micro-batch count that is a multiple of pp={pp}")
+        if self.schedule == "dualpipe-v" and m < 2 * pp:
+            raise PlanError(f"schedule='dualpipe-v' needs at least 2*pp = {2 * pp} "
+                            f"micro-batches ({m} given); raise global_batch or lower "
+                            f"micro_batch")
 
     @property
     def world_size(self) -> int:
@@ -519,6 +556,8 @@ class Plan:
             parts.append("sp")
         if self.placement != MESH_AXES:
             parts.append("place." + ".".join(self.placement))
+        if self.dtype in ("fp8", "fp8-current", "mxfp8", "nvfp4"):
+            parts.append(self.dtype)
         return "-".join(parts)
 
     def replace(self, **changes: object) -> Plan:

@@ -38,6 +38,8 @@ class TrainConfig:
             runtime's default.
         on_nan: a NaN loss stops the run with an error, or skips the step's update.
         sync_checkpoint: blocking ``dcp.save`` instead of ``async_save`` (for measurements).
+        ep: expert parallel degree of an MoE model (`runtime.parallel.ep`); None: the plan's
+            (1 for a plan without one).
 
     Raises:
         PlanError: a field is out of range; the message names the flag, the value and the
@@ -61,6 +63,7 @@ class TrainConfig:
     timeout_s: float | None = None
     on_nan: Literal["stop", "skip"] = "stop"
     sync_checkpoint: bool = False
+    ep: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -70,6 +73,10 @@ class TrainConfig:
                             f"{list(ATTENTION_IMPLS)}")
         if self.on_nan not in ON_NAN:
             raise PlanError(f"--on-nan={self.on_nan!r} is not one of {list(ON_NAN)}")
+        if self.ep is not None and (isinstance(self.ep, bool) or not isinstance(self.ep, int)
+                                    or self.ep < 1):
+            raise PlanError(f"--ep={self.ep!r} must be a positive integer (expert parallel "
+                            f"degree)")
         if (problem := fault_flags_error(self)) is not None:
             raise PlanError(problem)
 

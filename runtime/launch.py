@@ -42,7 +42,8 @@ def local_torchrun_command(plan_file_path: str | os.PathLike, *, steps: int,
                            seed: int = 0, save_params: str | os.PathLike | None = None,
                            profile: bool = False, attention: str | None = None,
                            max_restarts: int = 0,
-                           train_args: list[str] | None = None) -> list[str]:
+                           train_args: list[str] | None = None,
+                           ep: int | None = None) -> list[str]:
     """The torchrun command line that trains ``plan_file_path`` on this machine
     (`planner.launch.torchrun_command` with a loopback rendezvous).
 
@@ -52,6 +53,7 @@ def local_torchrun_command(plan_file_path: str | os.PathLike, *, steps: int,
         save_params, profile, attention: ``runtime.train``'s ``--save-params FILE``,
             ``--profile`` and ``--attention sdpa|tiled`` (None / False: not passed).
         max_restarts: torchrun ``--max-restarts`` (the whole group restarts on a failure).
+        ep: ``runtime.train``'s ``--ep N`` (expert parallel degree; None: not passed).
         train_args: more ``runtime.train`` flags (`runtime.faults.fault_cli_args`).
     Raises:
         PlanError: the plan file is missing or invalid.
@@ -65,6 +67,8 @@ def local_torchrun_command(plan_file_path: str | os.PathLike, *, steps: int,
         extra += ["--profile"]
     if attention is not None:
         extra += ["--attention", attention]
+    if ep is not None:
+        extra += ["--ep", str(ep)]
     return torchrun_command(plan_file_path, nproc_per_node=nproc, steps=steps, out_dir=out_dir,
                             data=data, master_port=free_port() if master_port is None
                             else master_port, max_restarts=max_restarts,
@@ -78,7 +82,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              profile: bool = False, attention: str | None = None, max_restarts: int = 0,
              checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
              inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
-             on_nan: str = "stop") -> dict:
+             on_nan: str = "stop", ep: int | None = None) -> dict:
     """Train a plan with torchrun (``OMP_NUM_THREADS=1``) and return its ``summary.json``.
 
     Args:
@@ -93,6 +97,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan:
             ``runtime.train``'s ``--checkpoint-every K``, ``--keep N``, ``--resume DIR``,
             ``--inject SPEC`` (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
+        ep: expert parallel degree (``--ep``; None: the plan's).
     Raises:
         RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
             message starts with the ranks' one-line errors (if any) and ends with the last
@@ -102,7 +107,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         out_dir = Path("runs") / read_plan_file(plan_file_path).plan.id
     cmd = local_torchrun_command(plan_file_path, steps=steps, out_dir=out_dir, data=data,
                            nproc=nproc, seed=seed, save_params=save_params, profile=profile,
-                           attention=attention, max_restarts=max_restarts,
+                           attention=attention, max_restarts=max_restarts, ep=ep,
                            train_args=fault_cli_args(
                                checkpoint_every=checkpoint_every, keep=keep, resume=resume,
                                inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan))
@@ -117,7 +122,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                             resume_flags=resume_flags(
                                 data=data, checkpoint_every=checkpoint_every, keep=keep,
                                 collective_timeout_s=collective_timeout_s, on_nan=on_nan,
-                                max_restarts=max_restarts))
+                                max_restarts=max_restarts) + (["--ep", str(ep)] if ep else []))
         raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
                            + "".join(errors)
                            + ("last output:\n" + "".join(tail) if quiet else "")

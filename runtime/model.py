@@ -21,9 +21,12 @@ from torch import nn
 
 from planner.spec import ModelSpec
 from runtime.attention import flash_attention
+from runtime.moe import MoE
 
 #: Standard deviation of the normal init of matrices and embeddings (GPT-2).
 INIT_STD = 0.02
+#: Parameter name endings of the residual output projections (scaled init).
+_RESIDUAL_OUTPUTS = ("wo.weight", "w2.weight", "experts.w2")
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -79,14 +82,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GeLU MLP (``w2(gelu(w1 x))``) or SwiGLU (``w2(silu(w1 x) * w3 x)``)."""
+    """GeLU MLP (``w2(gelu(w1 x))``) or SwiGLU (``w2(silu(w1 x) * w3 x)``), of inner width
+    ``width`` (default ``spec.ffn_hidden``; the shared experts of an MoE block use their own)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, width: int | None = None) -> None:
         super().__init__()
+        width = width or spec.ffn_hidden
         self.swiglu = spec.activation == "swiglu"
-        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
-        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if self.swiglu else None
+        self.w1 = nn.Linear(spec.hidden, width, bias=False)
+        self.w2 = nn.Linear(width, spec.hidden, bias=False)
+        self.w3 = nn.Linear(spec.hidden, width, bias=False) if self.swiglu else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, h) -> (B, T, h); the inner width is ffn_hidden (or ffn_hidden/tp under TP)."""
@@ -95,15 +100,26 @@ class MLP(nn.Module):
         return self.w2(F.gelu(self.w1(x)))                    # (B, T, h)
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(attn_norm(x))``, then ``x + mlp(ffn_norm(x))``."""
+def _mlp(spec: ModelSpec, index: int) -> nn.Module:
+    """Block ``index``'s MLP: a mixture of experts (`runtime.moe.MoE`, with its shared experts
+    as one `MLP`) where ``spec.is_moe_layer(index)``, else the dense `MLP`."""
+    if not spec.is_moe_layer(index):
+        return MLP(spec)
+    shared = (MLP(spec, spec.num_shared_experts * spec.expert_hidden)
+              if spec.num_shared_experts else None)
+    return MoE(spec, shared)
 
-    def __init__(self, spec: ModelSpec, attention: str = "sdpa") -> None:
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(attn_norm(x))``, then ``x + mlp(ffn_norm(x))``;
+    ``mlp`` is dense or a mixture of experts (block ``index`` of ``spec``)."""
+
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa", index: int = 0) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec, attention)
         self.ffn_norm = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = _mlp(spec, index)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, h) -> (B, T, h)."""
@@ -130,7 +146,8 @@ class Transformer(nn.Module):
         self.spec = spec
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec, attention) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, attention, i)
+                                     for i in range(spec.num_layers)})
         self.norm = _norm(spec)
         self.out = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -141,8 +158,8 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int) -> None:
         """Normal(0, 0.02) matrices and embeddings, norms at weight 1 / bias 0.
 
-        The residual output projections (``wo``, ``w2``) use std 0.02/sqrt(2L) (GPT-2, Radford et
-        al. 2019, section 2.3). Parameters are drawn in ``named_parameters`` order from one
+        The residual output projections (``wo``, ``w2``, the experts' ``w2``) use std
+        0.02/sqrt(2L) (GPT-2, Radford et al. 2019, section 2.3). Parameters are drawn in ``named_parameters`` order from one
         generator, so the init depends on the spec and the seed only.
         """
         g = torch.Generator().manual_seed(seed)
@@ -151,7 +168,7 @@ class Transformer(nn.Module):
             if "norm" in name:
                 p.fill_(1.0 if name.endswith("weight") else 0.0)
             else:
-                std = residual_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
+                std = residual_std if name.endswith(_RESIDUAL_OUTPUTS) else INIT_STD
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

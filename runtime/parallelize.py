@@ -13,6 +13,9 @@ pipelining `parallelize` applies the same three to the whole model.
 - DP (`runtime.parallel.dp`): DDP, or FSDP2 ``fully_shard`` for TP models and ZeRO plans.
 - Recomputation (`runtime.parallel.recompute`): ``checkpoint_wrapper`` per block, full or
   selective.
+- EP (`runtime.parallel.ep`): the MoE blocks' experts sharded over the ``ep`` axis of the
+  expert mesh (`runtime.parallel.ep.build_expert_mesh`, the dp axis unflattened into edp × ep),
+  tokens dispatched with all-to-all; applied after recomputation, before DP.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from planner.mesh import mesh_dims, mesh_shape
 from planner.spec import Plan, PlanError
 from runtime.model import Transformer
 from runtime.parallel.dp import apply_dp
+from runtime.parallel.ep import apply_ep
 from runtime.parallel.pp import apply_pp
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tp import apply_tp
@@ -56,8 +60,10 @@ def vocab_parallel_loss(plan: Plan) -> bool:
     return plan.tp > 1 and plan.pp == 1
 
 
-def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh) -> nn.Module:
-    """The plan's TP, recomputation and DP applied to ``module`` (a whole model or a stage).
+def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh,
+                expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """The plan's TP, recomputation, EP (when ``expert_mesh`` is given) and DP applied to
+    ``module`` (a whole model or a stage).
 
     Returns:
         The module to run: ``module`` itself (maybe an ``FSDPModule`` now), or its DDP wrapper.
@@ -66,6 +72,8 @@ def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh) -> nn.Module:
         apply_tp(module, mesh["tp"], sequence_parallel=plan.sequence_parallel,
                  loss_parallel=vocab_parallel_loss(plan))
     apply_recompute(module, plan.recompute)
+    if expert_mesh is not None:
+        apply_ep(module, expert_mesh["ep"])
     if plan.dp > 1 or plan.zero_stage > 0:
         module = apply_dp(module, mesh["dp"], zero_stage=plan.zero_stage)
     return module
@@ -73,13 +81,13 @@ def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh) -> nn.Module:
 
 def parallelize_pipeline(model: Transformer, plan: Plan, mesh: DeviceMesh,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
-                         device: torch.device
+                         device: torch.device, expert_mesh: DeviceMesh | None = None
                          ) -> tuple[list[PipelineStage], object, list[nn.Module]]:
-    """This rank's pipeline stage(s) of ``model``, each through `parallelize`, and the plan's
-    schedule (`apply_pp`; ``loss_fn`` as there).
+    """This rank's pipeline stage(s) of ``model``, each through `parallelize` (with
+    ``expert_mesh``), and the plan's schedule (`apply_pp`; ``loss_fn`` as there).
 
     Returns:
         (stages, schedule, stage modules) of this rank.
     """
     return apply_pp(model, plan, mesh["pp"], loss_fn, device=device,
-                    parallelize_fn=lambda module: parallelize(module, plan, mesh))
+                    parallelize_fn=lambda module: parallelize(module, plan, mesh, expert_mesh))

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc-per-node W ... -m runtime.train PLAN.yaml \
         --steps N --out DIR [--data FILE] [--seed 0] [--attention sdpa|tiled]
-        [--save-params FILE] [--profile]
+        [--save-params FILE] [--profile] [--ep N]
         [--checkpoint-every K] [--keep N] [--resume DIR] [--inject SPEC ...] [--timeout-s S]
         [--on-nan stop|skip]       (fault tolerance: `runtime.resilience`, docs/faults.md)
 
@@ -45,14 +45,22 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.planfile import PlanFile, check_runnable, read_plan_file
-from planner.spec import PlanError, check_plan
+from planner.precision import storage_dtype
+from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
+from runtime.moe import runtime_moe_error, set_aux_grad_scale
 from runtime.parallel.dp import gradient_sync
+from runtime.parallel.ep import (
+    build_expert_mesh,
+    expert_parallel_error,
+    reduce_expert_grads,
+    resolve_ep,
+)
 from runtime.parallel.pp import sum_tied_embedding_grads, tied_embedding_group
 from runtime.parallelize import (
     build_mesh,
@@ -61,6 +69,7 @@ from runtime.parallelize import (
     vocab_parallel_loss,
 )
 from runtime.params import save_full_parameters
+from runtime.precision import apply_float8
 from runtime.resilience import Resilience, StopTraining, fault_args_error, resume_folder
 
 __all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
@@ -85,7 +94,7 @@ def make_optimizer(params) -> torch.optim.AdamW:
 def autocast_context(plan_dtype: str, device: torch.device):
     """bf16 autocast on CUDA when the plan asks for bf16; fp32 otherwise (always on CPU, where a
     bf16 matmul is ~176x slower than fp32 on CPUs without AVX512-BF16/AMX)."""
-    if device.type == "cuda" and plan_dtype == "bf16":
+    if device.type == "cuda" and storage_dtype(plan_dtype) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -110,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                         help="torch.save the full parameters after the last step (rank 0)")
     parser.add_argument("--profile", action="store_true",
                         help="write a torch profiler Chrome trace per rank into --out")
+    parser.add_argument("--ep", type=int, default=None,
+                        help="expert parallel degree of an MoE model (default: the plan's)")
     add_fault_args(parser)      # --checkpoint-every, --resume, --inject, ... (runtime.faults)
     return TrainConfig.from_args(parser.parse_args(argv))
 
@@ -165,7 +176,23 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
                         f"which does not divide it; use seq_len a multiple of {plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
+    if (problem := moe_plan_error(model, plan, config.ep)) is not None:
+        raise PlanError(problem)
     return pf, read_corpus(config.data, model.seq_len)
+
+
+def moe_plan_error(model, plan, requested_ep: int | None) -> str | None:
+    """What of an MoE model or its expert parallelism the runtime cannot run, or None
+    (`runtime.moe.runtime_moe_error`, `runtime.parallel.ep.expert_parallel_error`; sequence
+    parallelism of MoE blocks is not executed, and under TP they stay whole on every rank)."""
+    try:
+        ep = resolve_ep(plan, requested_ep)
+    except ValueError as exc:
+        return str(exc)
+    if model.is_moe and plan.sequence_parallel:
+        return (f"plan {plan.id} has sequence_parallel=True: the runtime does not run "
+                f"mixture-of-experts blocks on sequence shards; use sequence_parallel=false")
+    return runtime_moe_error(model) or expert_parallel_error(model, plan, ep)
 
 
 def cluster_block_error(pf: PlanFile) -> str | None:
@@ -180,21 +207,44 @@ def cluster_block_error(pf: PlanFile) -> str | None:
     return None
 
 
-def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str = "sdpa"
-               ) -> tuple[list[torch.nn.Module], StepFn]:
+def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str = "sdpa",
+               expert_mesh=None) -> tuple[list[torch.nn.Module], StepFn]:
     """This rank's parallel modules and a function that runs one step's forward + backward.
 
     The step function takes this DP rank's (B/dp, T) inputs and targets and returns this rank's
-    share of the global mean loss (all ranks' shares sum to it).
+    share of the global mean loss (all ranks' shares sum to it). Under expert parallelism
+    (``expert_mesh``, `runtime.parallel.ep.build_expert_mesh`) it also reduces the experts'
+    gradients (`reduce_expert_grads`).
     """
+    modules, step = _build_step(pf, mesh, device, seed, attention, expert_mesh)
+    if expert_mesh is None:
+        return modules, step
+    edp_mesh = expert_mesh["edp"]
+    edp = edp_mesh.get_group() if edp_mesh.size() > 1 else None
+
+    def step_and_reduce_experts(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        share = step(inputs, targets)
+        reduce_expert_grads(modules, edp, pf.plan.dp)
+        return share
+
+    return modules, step_and_reduce_experts
+
+
+def _build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str,
+                expert_mesh) -> tuple[list[torch.nn.Module], StepFn]:
     model = Transformer(pf.model, seed=seed, attention=attention).to(device)
+    apply_float8(model, pf.plan.dtype)   # FP8 plans: torchao float8 linears (CUDA only)
     plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
     if plan.pp == 1:
-        module = parallelize(model, plan, mesh)
+        # the aux loss is scaled like the main loss, 1/num_microbatches (runtime.moe)
+        set_aux_grad_scale(model, 1.0 / plan.num_microbatches)
+        module = parallelize(model, plan, mesh, expert_mesh)
         return [module], _accumulation_step(module, plan, amp, vocab_parallel_loss(plan))
     stages, schedule, modules = parallelize_pipeline(model, plan, mesh, cross_entropy_loss,
-                                                     device=device)
-    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings else None
+                                                     device=device, expert_mesh=expert_mesh)
+    # ZB-V / DualPipe-V hold both tied copies on pipeline rank 0: no group, a local sum.
+    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings and \
+        plan.schedule not in V_SCHEDULES else None
     step = _pipeline_step(stages, schedule, plan, amp, device)
 
     def step_and_sum_tied(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -269,6 +319,9 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
     notes = []
     if _run_dtype(pf, backend) != pf.plan.dtype:
         notes.append(f"dtype {pf.plan.dtype} runs as {_run_dtype(pf, backend)} on {backend}")
+    elif pf.plan.dtype == "fp8":
+        notes.append("dtype fp8 (delayed scaling) runs with torchao's dynamic per-tensor "
+                     "(current) scaling")
     if pf.plan.zero_stage in (1, 2):
         notes.append(f"zero_stage {pf.plan.zero_stage} runs as FSDP2 without resharding after "
                      "forward (sharded optimizer state and reduce-scattered gradients)")
@@ -277,7 +330,8 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
 
 def _run_dtype(pf: PlanFile, backend: str) -> str:
     """The dtype the step really computes in: bf16 / tf32 on CUDA when asked, else fp32."""
-    return pf.plan.dtype if backend == "nccl" and pf.plan.dtype in ("bf16", "tf32") else "fp32"
+    return pf.plan.dtype if backend == "nccl" and pf.plan.dtype in (
+        "bf16", "tf32", "fp8", "fp8-current") else "fp32"
 
 
 def select_device(plan_dtype: str) -> tuple[str, torch.device]:
@@ -296,7 +350,10 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
     rank, _ = init_distributed(backend, config.timeout_s)
     try:
         mesh = build_mesh(pf.plan, device.type)
-        modules, step_fn = build_step(pf, mesh, device, config.seed, config.attention)
+        ep = resolve_ep(pf.plan, config.ep)
+        expert_mesh = build_expert_mesh(mesh, ep) if ep > 1 else None
+        modules, step_fn = build_step(pf, mesh, device, config.seed, config.attention,
+                                      expert_mesh)
         optimizer = make_optimizer([p for m in modules for p in m.parameters()])
         batches = ByteBatches(tokens, seq_len=pf.model.seq_len,
                               global_batch=pf.plan.global_batch, seed=config.seed)
@@ -343,7 +400,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
             save_full_parameters(modules, config.save_params, skip=skip)
         if rank == 0:
             _write_summary(out, summarize(records, pf, backend, notes, _run_dtype(pf, backend))
-                           | resilience.summary_fields(), config.plan_path)
+                           | resilience.summary_fields() | {"ep": ep}, config.plan_path)
         # leave together: a gloo process group torn down while a peer still receives (rank 0's
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()

@@ -21,17 +21,24 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int = 0) -> n
 
     FSDP2 shards each block and then the root (torchtitan's recipe); ZeRO-3 reshards the
     parameters after forward, ZeRO-1/2 and TP x DP keep them gathered until backward.
+    Parameters marked for DDP to ignore (the expert-parallel experts, `runtime.parallel.ep`)
+    are left out of both (``ignored_params``): they are reduced over their own group.
 
     Returns:
         The DDP wrapper, or ``model`` itself turned into an ``FSDPModule``.
     """
-    has_dtensor = any(isinstance(p, DTensor) for p in model.parameters())
+    # parameters DDP is told to ignore (expert-parallel experts, `runtime.parallel.ep`) are
+    # reduced elsewhere and do not make the model a DTensor model
+    ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    has_dtensor = any(isinstance(p, DTensor) for name, p in model.named_parameters()
+                      if name not in ignored)
     if not has_dtensor and zero_stage == 0:
         return DDP(model, process_group=dp_mesh.get_group())
     reshard = zero_stage == 3
+    kept_out = {p for name, p in model.named_parameters() if name in ignored} or None
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=kept_out)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=kept_out)
     return model
 
 

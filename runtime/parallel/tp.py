@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from runtime.model import Transformer
+from runtime.model import MLP, Transformer
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False,
@@ -34,17 +34,22 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
     tensors). Sequence parallelism (Korthikanti et al. 2022): the norms run on Shard(1)
     activations (B, T/tp, h), wo/w2 reduce-scatter instead of all-reduce, and the attention /
     MLP inputs are all-gathered back to (B, T, h). Tied embeddings keep ``tok``/``out``
-    replicated (one matrix cannot be sharded by both plans). Needs tp to divide the heads, the
-    KV heads, ffn_hidden and (for vocabulary parallelism) vocab_size.
+    replicated (one matrix cannot be sharded by both plans). Mixture-of-experts MLPs
+    (`runtime.moe.MoE`) are left replicated (no expert tensor parallelism; sequence parallelism
+    of MoE models is not executed). Needs tp to divide the heads, the KV heads, ffn_hidden and
+    (for vocabulary parallelism) vocab_size.
     """
     sp = sequence_parallel
     act = Shard(1) if sp else Replicate()                     # layout between blocks
     for block in model.layers.values():
         block = getattr(block, "_checkpoint_wrapped_module", block)
         plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
-                "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(output_layouts=act),
-                "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel(output_layouts=act)}
-        if block.mlp.w3 is not None:
+                "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(output_layouts=act)}
+        if isinstance(block.mlp, MLP):
+            # a mixture-of-experts MLP stays whole on every TP rank (expert TP = 1): it sees
+            # the replicated activations and computes the same result on each
+            plan |= {"mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel(output_layouts=act)}
+        if isinstance(block.mlp, MLP) and block.mlp.w3 is not None:
             plan["mlp.w3"] = ColwiseParallel()
         if sp:
             plan |= {"attn_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),

@@ -18,8 +18,23 @@ from __future__ import annotations
 
 import math
 
-from planner.mesh import expert_group_ranks, group_ranks, mesh_strides
-from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
+from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides, rank_chunks
+from planner.precision import (
+    LINEAR_GEMMS,
+    block_scaled_device,
+    cast_bytes,
+    cast_copies,
+    recipe,
+    storage_dtype,
+)
+from planner.spec import (
+    DTYPE_BYTES,
+    ZERO_BUBBLE_SCHEDULES,
+    ModelSpec,
+    Plan,
+    PlanError,
+    check_plan,
+)
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
     collective_time_s,
@@ -37,6 +52,7 @@ from simulator.step.cpu_model import cpu_stage_costs
 from simulator.step.memory import optimizer_bytes_per_param, stage_param_split
 from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
+from simulator.step.zero_bubble import split_backward
 
 
 def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
@@ -135,7 +151,8 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
         if shard == 1:
             continue
         nbytes = params * d
-        gbytes = params * (options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d))
+        gbytes = params * (options.grad_reduce_bytes
+                           or (4 if storage_dtype(plan.dtype) == "bf16" else d))
         g = collective_time_s(cluster, "all_gather", nbytes, group)
         r = collective_time_s(cluster, "reduce_scatter", gbytes, group)
         if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
@@ -152,7 +169,7 @@ def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int
     # An MoE model reduces its expert gradients over the expert data-parallel group.
     dense, experts = stage_param_split(model, plan, stage)
     d = DTYPE_BYTES[plan.dtype]
-    g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
+    g = options.grad_reduce_bytes or (4 if storage_dtype(plan.dtype) == "bf16" else d)
     groups = [(dense, group_ranks(plan, "dp_cp", stage=stage))]
     if experts:
         groups.append((experts, expert_group_ranks(plan, "edp", stage=stage)))
@@ -225,8 +242,53 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     dev_f, dev_b = layers * fwd_dev + e_fwd, layers * bwd_dev + e_bwd
     fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
     bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
-    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd),
-            max(0.0, dev_b + layers * bwd_comm - bwd))
+    amax_f, amax_b = amax_allreduce_s(plan, cluster, rank, layers)
+    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd) + amax_f,
+            max(0.0, dev_b + layers * bwd_comm - bwd) + amax_b)
+
+
+def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:
+    """Seconds a low-precision recipe spends once per step casting one rank's linear weights
+    (``layers`` blocks, 1/tp of each; `planner.precision.cast_bytes` with its copies) after
+    the optimizer step, cached for every micro-batch; 0 for bf16.
+
+    >>> from planner.presets import load_model
+    >>> from simulator.network.hardware import load_device
+    >>> p = Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, dtype="fp8")
+    >>> m = load_model("llama3-8b")
+    >>> w = m.layer_matmul_params()  # read 2 B, write the weight and its transpose: 4 B
+    >>> weight_cast_s(m, p, 1, load_device("h100-sxm-80gb"), 1e12) == w * 4 / 1e12
+    True
+    """
+    r = recipe(plan.dtype)
+    if r is None:
+        return 0.0
+    copies = cast_copies(r, block_scaled_device(device.peak_flops))
+    return cast_bytes(r, model.layer_matmul_params() / plan.tp * layers, copies) / bandwidth
+
+
+def amax_allreduce_s(plan: Plan, cluster: Cluster, rank: int,
+                     layers: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a delayed-scaling recipe's amax all-reduce for one
+    micro-batch of a chunk of ``layers`` blocks; (0, 0) for every other dtype.
+
+    Transformer Engine reduces the amaxes of all FP8 tensors of a forward in one all-reduce
+    when ``fp8_autocast`` exits, and those of the backward in one more, over the amax
+    reduction group (Megatron-Core: the tp·dp·cp ranks that hold the same layers); 4 bytes
+    per tensor: the input and weight of each linear forward, its output gradient backward.
+    The group is costed as its tp and dp·cp groups in turn (latency-bound).
+    """
+    r = recipe(plan.dtype)
+    if r is None or not r.amax_allreduce:
+        return 0.0, 0.0
+
+    def reduce(nbytes: float) -> float:
+        return sum(collective_time_s(cluster, "all_reduce", nbytes,
+                                     group_ranks(plan, axis, stage=rank))
+                   for axis, n in (("tp", plan.tp), ("dp_cp", plan.dp_cp)) if n > 1)
+
+    tensors = len(LINEAR_GEMMS) * layers
+    return reduce(2 * 4 * tensors), reduce(4 * tensors)
 
 
 def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
@@ -234,7 +296,9 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     """`StageCosts` of every virtual pipeline stage, one representative rank each.
 
     Entry g = chunk·pp + rank (pp·virtual_stages entries, pipeline order; just the pp stages
-    when virtual_stages = 1) runs on pipeline rank g % pp. Each rank's once-per-step DP and
+    when virtual_stages = 1) runs on pipeline rank g % pp (`planner.mesh.chunk_rank`: ZB-V and
+    DualPipe-V fold the chunks in a V). Zero-bubble schedules get each chunk's weight-gradient
+    time (`simulator.step.zero_bubble.split_backward`). Each rank's once-per-step DP and
     optimizer costs sit on its first chunk's entry (g < pp; zero elsewhere): chunk 0 runs the
     rank's last backward, the one DP buckets overlap with. A micro-batch of a chunk takes
     max(device time, host launch time) (`simulator.step.compute`).
@@ -248,7 +312,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     if cluster.cpu_profile is not None and plan.cp == 1:  # calibrated CPU
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
-            return calibrated
+            return _with_wgrad(calibrated, model, plan, cluster, options)
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
                        options.attention, plan.dtype, dev, eff, plan.cp)
@@ -264,7 +328,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     chunks = plan.layers_per_stage(model)
     out = []
     for g, layers in enumerate(chunks):
-        rank = g % pp
+        rank = chunk_rank(plan.schedule, pp, g)
         e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
                                             eff, first=g == 0, last=g == len(chunks) - 1,
                                             cp=plan.cp)
@@ -278,9 +342,13 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             model, plan, cluster, options, rank, layers, lc_g, (e_fwd, e_bwd, e_host),
             host_re, tuple(moe_comm))
         src = rank * stride
-        nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
+        nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
+        prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
         tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \
             if g < pp else {}
+        if tail:
+            held = sum(chunks[c] for c in rank_chunks(plan, rank))
+            tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
         if tail and options.overlap_param_gather:
             tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
         extra = options.p2p_overhead_s
@@ -292,4 +360,13 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             fwd_compute_s=fwd, bwd_compute_s=bwd,
             fwd_comm_s=fwd_comm + block_f, bwd_comm_s=bwd_comm + block_b,
             p2p_fwd_s=p2p_f - block_f, p2p_bwd_s=p2p_b - block_b, **tail))
-    return out
+    return _with_wgrad(out, model, plan, cluster, options)
+
+
+def _with_wgrad(costs: list[StageCosts], model: ModelSpec, plan: Plan, cluster: Cluster,
+                options: SimOptions) -> list[StageCosts]:
+    # Zero-bubble schedules run the weight gradients apart: give each chunk its W time.
+    if plan.schedule not in ZERO_BUBBLE_SCHEDULES:
+        return costs
+    return split_backward(costs, model, plan, options.attention, _device(cluster),
+                          _efficiency(cluster, options))

@@ -318,8 +318,8 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
 
 def stage_expert_blocks(model: ModelSpec, plan: Plan, stage: int) -> int:
     """MoE blocks held by pipeline rank ``stage`` (all its chunks)."""
-    chunks = plan.pp * plan.virtual_stages
-    return sum(chunk_moe_blocks(model, plan, c) for c in range(stage, chunks, plan.pp))
+    from planner.mesh import rank_chunks
+    return sum(chunk_moe_blocks(model, plan, c) for c in rank_chunks(plan, stage))
 
 
 def zero3_layer_groups(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[float, list]]:

@@ -23,7 +23,9 @@ class StageCosts:
     forward); p2p_fwd_s sends the activation to the next stage, p2p_bwd_s the gradient to the
     previous one. Once per step: dp_comm_s reduces the gradients (all-reduce, or
     reduce-scatter under ZeRO) in ``dp_buckets`` equal buckets, optimizer_s updates the
-    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2).
+    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2). wgrad_s is the
+    part of bwd_compute_s that computes weight gradients (the W of the zero-bubble schedules,
+    `simulator.step.zero_bubble`); the rest is the input gradient (B).
     """
 
     fwd_compute_s: float
@@ -36,6 +38,7 @@ class StageCosts:
     dp_buckets: int = 1
     dp_gather_s: float = 0.0
     optimizer_s: float = 0.0
+    wgrad_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

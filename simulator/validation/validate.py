@@ -21,10 +21,11 @@ Defaults (never tuned per row):
   reduction bytes and bucket, P2P behaviour, ZeRO-3 prefetch and reduce-scatter overlap) and
   the recipes of sources that launched differently. Every row is flagged with its family and
   with each default taken. The bullets below describe what those files hold.
-* published_benchmarks.csv: an FP8 / MXFP8 / NVFP4 row (``precision=`` or torchtitan's float8
-  settings in notes) is listed under ``skipped`` with the reason (`unsupported_reason`), as
-  is a GB200 NVL72 row. A mixture-of-experts row is read with the experts, MLA, EP degree,
-  token dispatcher and all-to-all overlap its notes name (`simulator.validation.moe_rows`).
+* published_benchmarks.csv: an FP8 / MXFP8 / NVFP4 row is simulated in its precision
+  (`simulator.validation.precision.row_dtype`); a GB200 row on ``gb200-nvl72-seg16`` (NVL72
+  racks scheduled in 64-GPU segments, one NVLink domain each). A mixture-of-experts row is
+  read with the experts, MLA, EP degree, token dispatcher and all-to-all overlap its notes
+  name (`simulator.validation.moe_rows`).
 * torchtitan (FSDP2): bf16 parameters with fp32 gradient reduction, SDPA flash attention,
   FULL_SHARD over every data-parallel rank with the next block's gather prefetched,
   reduce-scatters overlapped, selective recomputation unless stated, async TP (TP
@@ -82,6 +83,7 @@ from simulator.step.stagecosts import SimOptions
 from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
 from simulator.validation.memory_default import recompute_that_fits
 from simulator.validation.moe_rows import moe_fields, moe_options, row_ep
+from simulator.validation.precision import row_dtype, row_precision  # noqa: F401 (re-export)
 from simulator.validation.report import error_summary, rel_error
 
 CLUSTER_DIR = PRESET_DIR / "validation_clusters"
@@ -215,54 +217,21 @@ def _num(value: str) -> float | None:
         return None
 
 
-#: Low-precision GEMM recipes (FP8 per-tensor / delayed / current scaling, MXFP8, NVFP4,
-#: torchao float8 linears); the dense reader models bf16 / fp16 GEMMs only.
-_LOW_PRECISION = re.compile(r"fp8|float8|mxfp8|nvfp4|fp4")
-#: The ``notes`` keys that name a row's GEMM precision: ``precision=`` (the table's own
-#: convention), torchtitan's ``quantization=`` / ``optimizations=`` / ``techniques=`` cells.
-_PRECISION_KEYS = ("precision", "quantization", "optimizations", "techniques")
-
-
-def row_precision(row: dict) -> str | None:
-    """The GEMM precision a row's ``notes`` name (the first of `_PRECISION_KEYS` given), or
-    None when they name none.
-
-    >>> row_precision({"notes": "x=1; precision=bf16+float8 linears (torchao); y"})
-    'bf16+float8 linears (torchao)'
-    >>> row_precision({"notes": "quantization=None (bfloat16); GBS = 12 x 8"})
-    'None (bfloat16)'
-    """
-    notes = row.get("notes") or ""
-    for key in _PRECISION_KEYS:
-        m = re.search(rf"(?<![a-z_]){key}\s*=\s*([^;]*)", notes, flags=re.IGNORECASE)
-        if m:
-            return m.group(1).strip()
-    return None
-
-
 def unsupported_reason(row: dict) -> str | None:
-    """Why a published row is not simulated, or None when it is.
+    """Why a published row is not simulated, or None when it is: every dense and
+    mixture-of-experts row in bf16, FP8, MXFP8 or NVFP4 is simulated; a row whose notes name
+    another GEMM precision (INT8, FP6) is listed under ``skipped`` with this reason.
 
-    A row trained with FP8 / MXFP8 / NVFP4 GEMMs (``precision=`` or torchtitan's float8
-    settings in ``notes``) is listed under ``skipped`` with this reason, never simulated as
-    a bf16 run (published_benchmarks.csv README). A mixture-of-experts row (``num_experts``
-    and ``EP=`` in ``notes``) is read with its experts (`simulator.validation.moe_rows`).
-
-    >>> unsupported_reason({"notes": "precision=mxfp8; GBS=256"})
-    'precision=mxfp8: FP8 / MXFP8 / NVFP4 training is not modelled (dense bf16/fp16 only)'
     >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"}) is None
     True
-    >>> unsupported_reason({"notes": "precision=bf16; step_time=GBS*seq/(TPS*num_gpus)"})
+    >>> unsupported_reason({"notes": "precision=mxfp8; step_time=GBS*seq/(TPS*num_gpus)"})
+    >>> unsupported_reason({"notes": "precision=int8 (SmoothQuant)"})[:14]
+    'precision=int8'
     """
-    notes = row.get("notes") or ""
-    low = notes.lower()
-    precision = row_precision(row)
-    if precision is not None and _LOW_PRECISION.search(precision.lower()):
-        return (f"precision={precision}: FP8 / MXFP8 / NVFP4 training is not modelled "
-                f"(dense bf16/fp16 only)")
-    if "float8 linear" in low:
-        return ("precision=float8 linears (notes): FP8 / MXFP8 / NVFP4 training is not "
-                "modelled (dense bf16/fp16 only)")
+    precision = row_precision(row) or ""
+    if re.search(r"int8|int4|fp6", precision.lower()):
+        return (f"precision={precision}: only bf16 / fp16 / fp8 / mxfp8 / nvfp4 GEMMs are "
+                f"modelled")
     return None
 
 
@@ -287,8 +256,8 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     factor is not stated), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
     ``dgx-a100-40gb`` (40 GB named, or a 2020 DGX A100 naming no size), ``pcie-a100`` (PCIe
     named) or ``jean-zay-a100`` (Jean Zay, or an A100 row naming no DGX whose framework
-    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). A GB200 row is refused: an NVL72
-    rack is not a DGX B200 node.
+    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). GB200 -> ``gb200-nvl72-seg16`` (a
+    node is one NVL72 rack scheduled as a 64-GPU segment, one NVLink domain).
 
     >>> gpu_cluster({"gpu": "H100 80GB SXM", "source": "x"})
     ('dgx-h100', [])
@@ -308,7 +277,7 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
         return "dgx-h100", flags
     if "gb200" in gpu:
         # NVIDIA's DGX-GB200 system is the NVL72 rack: 72 GPUs in one NVLink domain.
-        return "gb200-nvl72-seg16", ["gpu=GB200 NVL72, 64 GPUs per rack (Slurm --segment=16)"]
+        return "gb200-nvl72-seg16", flags + ["gpu=GB200 NVL72, 64 GPUs per rack (Slurm --segment=16)"]
     if "h200" in gpu:
         if "gh200" in gpu:
             flags.append("gpu=H200 SXM node for GH200 (same GPU die and HBM3e)")
@@ -329,7 +298,7 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
             return "dgx-a100-40gb", flags
         return "dgx-a100", flags
     raise PlanError(f"gpu={row['gpu']!r} has no device profile; the validation clusters cover "
-                    f"A100, H100, H200 and B200 ({', '.join(GPU_CLUSTERS)})")
+                    f"A100, H100, H200, B200 and GB200 ({', '.join(GPU_CLUSTERS)})")
 
 
 #: Model names of families with a SwiGLU MLP and RMSNorm (Touvron et al. 2023 §2.2).
@@ -485,7 +454,8 @@ def _published_case(row: dict) -> RunCase:
     if sc21:
         flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
                      " (examples/sc21/run_table_1.sh)")
-    dtype = d["dtype"]
+    dtype, dtype_flags = row_dtype(row, d["dtype"])
+    flags += dtype_flags
     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
@@ -646,7 +616,7 @@ def validate_runs(path: str | Path) -> dict:
 #: Fields `error_by` can group rows by: plan fields, model fields, and the GPU count.
 GROUP_FIELDS = ("tp", "cp", "pp", "dp", "micro_batch", "virtual_stages", "recompute",
                 "zero_stage", "hidden", "num_layers", "num_heads", "seq_len", "num_gpus",
-                "cluster")
+                "cluster", "precision", "gpu")
 
 
 def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = None):
@@ -671,7 +641,9 @@ def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = No
     records = []
     for row in result["rows"]:
         c = cases[row["id"]]
-        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name}
+        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name,
+                  "precision": c.plan.dtype,
+                  "gpu": validation_cluster(c.cluster_name, c.nodes).device.name}
         for f in fields:
             if f not in values:
                 values[f] = getattr(c.plan, f) if hasattr(c.plan, f) else getattr(c.model, f)

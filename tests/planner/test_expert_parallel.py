@@ -121,7 +121,7 @@ def test_plan_cli_fix_ep_shows_ep_column():
     proc = subprocess.run(
         [sys.executable, "-m", "apps.cli", "plan", "--model", "mixtral-8x7b", "--cluster",
          "dgx-h100", "--nodes", "2", "--global-batch", "64", "--fix", "ep=8", "--fix", "pp=1",
-         "--fix", "recompute=full", "--top-k", "0", "--top", "3"],
+         "--fix", "recompute=full", "--top-k", "1", "--top", "3"],
         capture_output=True, text=True, timeout=300, cwd=repo)
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if " tp " in line)
