@@ -238,10 +238,19 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             return p * per_param / (s if z >= from_stage else 1) \
                 + e * per_param / (es if z >= from_stage else 1)
 
-        cache = _linear_params(model) / plan.tp * layers \
-            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        wc = weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        if model.is_moe:
+            # the rank's own matrices: non-expert ones / tp, its E/ep local experts
+            from simulator.step.moe import expert_params_per_block
+            routed = model.num_experts * model.expert_params() * model.num_moe_layers \
+                / model.num_layers
+            mine = (_linear_params(model) - routed) / plan.tp * layers
+            local = stage_expert_blocks(model, plan, stage) * expert_params_per_block(model, plan)
+            cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
+        else:
+            cached = _linear_params(model) / plan.tp * layers * wc / (shard if z >= 3 else 1)
         out.append(MemoryBreakdown(
-            weights_bytes=held(d, 3) + gathered + cache / (shard if z >= 3 else 1),
+            weights_bytes=held(d, 3) + gathered + cached,
             gradients_bytes=held(g, 2), optimizer_bytes=held(o, 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))

@@ -115,3 +115,15 @@ def test_fsdp_holds_two_gathered_blocks_of_local_experts():
     assert zero3_buffer_bytes(m, p) - zero3_buffer_bytes(m, p.replace(ep=64)) == \
         pytest.approx(2 * (256 - 4) * routed * 2)
     assert zero3_buffer_bytes(m, p.replace(zero_stage=1)) == 0.0
+
+
+def test_fp8_weight_cache_counts_only_local_experts():
+    # A low-precision recipe caches cast copies of the rank's own matrices: for Mixtral at
+    # ep=8 one expert per block, not all eight. Going from ep=1 to ep=8 removes 7 of 8
+    # experts in each of 32 blocks from weights and from the cast cache alike.
+    from simulator.step.memory import weight_cache_bytes_per_param
+    base = _plan(ep=1, dtype="fp8")
+    w1 = memory_per_stage(MIXTRAL, base)[0].weights_bytes
+    w8 = memory_per_stage(MIXTRAL, base.replace(ep=8))[0].weights_bytes
+    per_param = 2 + weight_cache_bytes_per_param("fp8", False)   # bf16 weights + cast copy
+    assert w1 - w8 == pytest.approx(32 * 7 * EXPERT * per_param)
