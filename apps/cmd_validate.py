@@ -172,11 +172,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                        f"published_runs.csv, published_benchmarks.csv or a "
                                        f"vTrain ground_truth_*.csv")
             return 2
+        from apps.validate_moe import moe_rows, print_moe
         entries = loso_report(paths, args.loso_iters)
+        moe = moe_rows(paths, entries)
         if args.json:
-            print(json.dumps({"loso": entries, "iters": args.loso_iters}))
+            print(json.dumps({"loso": entries, "iters": args.loso_iters, "moe": moe}))
         else:
             print_loso(Console(), entries, args.loso_iters)
+            print_moe(Console(), moe)
         return 0
     result = validate_runs(args.runs)
     if getattr(args, "csv", None):

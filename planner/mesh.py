@@ -173,11 +173,15 @@ def expert_group_ranks(plan: Plan, axis: str, *, stage: int = 0, index: int = 0)
     """
     if axis not in EXPERT_AXES:
         raise PlanError(f"expert axis {axis!r} is not one of {list(EXPERT_AXES)}")
-    ranks = stage_ranks(plan, stage)
-    sizes = {"etp": plan.etp, "ep": plan.ep, "edp": plan.edp}
+    s = mesh_strides(plan)
+    base, tp, cp = stage * s["pp"], plan.tp, plan.cp
+    size = {"etp": plan.etp, "ep": plan.ep, "edp": plan.edp}[axis]
     stride = {"etp": 1, "ep": plan.etp, "edp": plan.etp * plan.ep}[axis]
-    start = index - (index // stride % sizes[axis]) * stride
-    return [ranks[start + i * stride] for i in range(sizes[axis])]
+    start = index - (index // stride % size) * stride
+    out = []
+    for j in range(start, start + size * stride, stride):   # `stage_ranks` order, unbuilt
+        out.append(base + j % tp * s["tp"] + j // tp % cp * s["cp"] + j // (tp * cp) * s["dp"])
+    return out
 
 
 def chunk_rank(schedule: str, pp: int, chunk: int) -> int:

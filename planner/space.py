@@ -29,6 +29,7 @@ from planner.spec import (
     Schedule,
     ZeroStage,
     _choices,
+    balanced_split,
     degrees_text,
     divisors,
     zero_bubble_reason,
@@ -361,7 +362,7 @@ def enumerate_candidates(model: ModelSpec, space: SearchSpace, *, devices_per_no
             yield Rejection(id=split_id, reason=reason, kind="tp")
             continue
         reason = layers_reason(model, pp, 1)
-        if reason:
+        if reason and not model.is_moe:
             yield Rejection(id=split_id, reason=reason, kind="layers")
             continue
         yield from _split_plans(model, space, tp, cp, pp, dp, global_batch, dtype, mbs_fixed)
@@ -399,6 +400,10 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
             if reason:
                 yield Rejection(id=f"{split_id}-v{v}", reason=reason, kind="layers")
                 continue
+        # An MoE model's layers need not split evenly either: its stages take the balanced
+        # split (Megatron-Core's first/last-stage layer counts; DeepSeek-V3's 61 blocks).
+        layout = edge_stage_layers(model, pp, v) or (
+            balanced_split(model.num_layers, pp * v) if model.is_moe else None)
         for mb in mbs:
             mb_id = f"{split_id}-mb{mb}-gb{global_batch}"
             if per_replica % mb:
@@ -425,4 +430,4 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
                                            virtual_stages=v, recompute=rc, zero_stage=zero,
                                            sequence_parallel=sp, dtype=dtype,
                                            placement=place, ep=ep, etp=etp,
-                                           stage_layers=edge_stage_layers(model, pp, v))
+                                           stage_layers=layout)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal, get_args
 
 Activation = Literal["gelu", "swiglu"]
@@ -291,10 +292,9 @@ class ModelSpec:
         return attn + mlp + norms
 
     def moe_mean_layer_params(self, *, active: bool, matmul_only: bool) -> int:
-        """`block_params` averaged over the blocks (rounded down)."""
-        total = sum(self.block_params(i, active=active, matmul_only=matmul_only)
-                    for i in range(self.num_layers))
-        return total // self.num_layers
+        """`block_params` averaged over the blocks (rounded down; cached per model, as the
+        planner asks for it once per candidate)."""
+        return _mean_block_params(self, active, matmul_only)
 
     def active_params(self) -> int:
         """Parameters one token uses: the blocks' active parameters (`block_params` with
@@ -306,6 +306,13 @@ class ModelSpec:
     def replace(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+@lru_cache(maxsize=256)
+def _mean_block_params(model: ModelSpec, active: bool, matmul_only: bool) -> int:
+    total = sum(model.block_params(i, active=active, matmul_only=matmul_only)
+                for i in range(model.num_layers))
+    return total // model.num_layers
 
 
 def _check_moe_fields(m: ModelSpec) -> None:
@@ -381,6 +388,21 @@ def _check_expert_folding(plan: Plan) -> None:
             f" = {plan.etp * plan.ep} to divide the attention ranks tp*cp*dp = {plan.tp}*"
             f"{plan.cp}*{plan.dp} = {attn}; use ep in "
             f"{fits} (etp in {divisors(attn)})")
+
+
+def balanced_split(layers: int, stages: int) -> tuple[int, ...] | None:
+    """Layers per stage, the larger stages first (DeepSpeed / Megatron balanced split); None
+    when they split evenly.
+
+    >>> balanced_split(70, 12)
+    (6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5)
+    >>> balanced_split(96, 8) is None
+    True
+    """
+    if layers % stages == 0:
+        return None
+    q, r = divmod(layers, stages)
+    return (q + 1,) * r + (q,) * (stages - r)
 
 
 def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:

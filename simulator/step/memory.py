@@ -192,7 +192,10 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     stage 1 shards optimizer states over dp (dp·cp with context parallelism, as Megatron's
     distributed optimizer does), 2 also gradients, 3 also weights. Activations are
     `layer_activation_bytes` × the stage's layers × `microbatches_in_flight`, plus the
-    embedding / logits on the first / last stage.
+    embedding / logits on the first / last stage. An MoE model (`simulator.step.moe`) holds
+    E/ep experts per rank, sharded by ZeRO over edp, the dispatched tokens' activations, and
+    under ZeRO-3 two gathered blocks' weights (`zero3_buffer_bytes`; not yet counted for
+    dense models).
 
     Args:
         overhead_bytes: fixed per-rank extra (framework context, buffers); 0 by default.
@@ -216,9 +219,15 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
         params, experts = stage_param_split(model, plan, stage)
         layers = sum(chunks[g] for g in rank_chunks(plan, stage))
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
+        gathered = 0.0
         if model.is_moe:
-            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
+            from simulator.step.moe import (
+                activation_delta_bytes,
+                stage_expert_blocks,
+                zero3_buffer_bytes,
+            )
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+            gathered = zero3_buffer_bytes(model, plan)
         z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
         g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
             (d, optimizer_bytes_per_param(plan.dtype))
@@ -229,10 +238,19 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             return p * per_param / (s if z >= from_stage else 1) \
                 + e * per_param / (es if z >= from_stage else 1)
 
-        cache = _linear_params(model) / plan.tp * layers \
-            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        wc = weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        if model.is_moe:
+            # the rank's own matrices: non-expert ones / tp, its E/ep local experts
+            from simulator.step.moe import expert_params_per_block
+            routed = model.num_experts * model.expert_params() * model.num_moe_layers \
+                / model.num_layers
+            mine = (_linear_params(model) - routed) / plan.tp * layers
+            local = stage_expert_blocks(model, plan, stage) * expert_params_per_block(model, plan)
+            cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
+        else:
+            cached = _linear_params(model) / plan.tp * layers * wc / (shard if z >= 3 else 1)
         out.append(MemoryBreakdown(
-            weights_bytes=held(d, 3) + cache / (shard if z >= 3 else 1),
+            weights_bytes=held(d, 3) + gathered + cached,
             gradients_bytes=held(g, 2), optimizer_bytes=held(o, 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))

@@ -65,6 +65,30 @@ _STANDARD_ATTENTION = ("qkv", "out-proj", "attn-core", "attn-qk", "attn-softmax"
                        "attn-softmax-uncast", "attn-dropout", "attn-av")
 
 
+@lru_cache(maxsize=256)
+def _block_table(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    # Prefix sums over the blocks of (MoE blocks, all parameters of the block), so a chunk's
+    # counts take two lookups (the planner asks for them once per candidate and stage).
+    moe, params = [0], [0]
+    for i in range(model.num_layers):
+        moe.append(moe[-1] + model.is_moe_layer(i))
+        params.append(params[-1] + model.block_params(i, active=False))
+    return tuple(moe), tuple(params)
+
+
+def _chunk_range(model: ModelSpec, plan: Plan, chunk: int) -> tuple[int, int]:
+    sizes = plan.layers_per_stage(model)
+    first = sum(sizes[:chunk])
+    return first, first + sizes[chunk]
+
+
+def chunk_moe_blocks(model: ModelSpec, plan: Plan, chunk: int) -> int:
+    """MoE blocks of pipeline chunk ``chunk`` (pipeline order, `Plan.layers_per_stage`)."""
+    a, b = _chunk_range(model, plan, chunk)
+    moe = _block_table(model)[0]
+    return moe[b] - moe[a]
+
+
 def tokens_per_rank(model: ModelSpec, plan: Plan) -> float:
     """Tokens of one micro-batch that enter an MoE block on one rank: b·s/(cp·tp) (the
     sequence-parallel shard; Megatron-Core requires sequence parallelism with tp > 1 and MoE).
@@ -168,10 +192,8 @@ def chunk_compute(model: ModelSpec, plan: Plan, chunk: int, attention: Attention
     """(mean `LayerCompute` per block, MoE blocks) of pipeline chunk ``chunk`` (pipeline
     order, as `Plan.layers_per_stage`), its dense and MoE blocks each costed by
     `block_compute`."""
-    sizes = plan.layers_per_stage(model)
-    first = sum(sizes[:chunk])
-    n_moe = sum(model.is_moe_layer(i) for i in range(first, first + sizes[chunk]))
-    n = sizes[chunk]
+    n_moe = chunk_moe_blocks(model, plan, chunk)
+    n = plan.layers_per_stage(model)[chunk]
     parts = [(n - n_moe, block_compute(model, plan, attention, device, eff, False)),
              (n_moe, block_compute(model, plan, attention, device, eff, True, imbalance))]
     parts = [(w, lc) for w, lc in parts if w]
@@ -236,12 +258,12 @@ def chunk_param_split(model: ModelSpec, plan: Plan, chunk: int, total: float) ->
     given ``total`` = the chunk's parameters as a dense split counts them (every block / tp,
     `simulator.step.memory.chunk_params`): the routed experts of its MoE blocks leave the
     tp split and are held E/ep per rank, 1/etp of each (`expert_params_per_block`)."""
-    sizes = plan.layers_per_stage(model)
-    first = sum(sizes[:chunk])
-    n_moe = sum(model.is_moe_layer(i) for i in range(first, first + sizes[chunk]))
+    a, b = _chunk_range(model, plan, chunk)
+    n_moe = chunk_moe_blocks(model, plan, chunk)
     routed = model.num_experts * model.expert_params()
-    blocks = sum(model.block_params(i, active=False) for i in range(first, first + sizes[chunk]))
-    dense = total - sizes[chunk] * model.layer_params() / plan.tp \
+    params = _block_table(model)[1]
+    blocks = params[b] - params[a]
+    dense = total - (b - a) * model.layer_params() / plan.tp \
         + (blocks - n_moe * routed) / plan.tp
     return dense, n_moe * expert_params_per_block(model, plan)
 
@@ -296,10 +318,8 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
 
 def stage_expert_blocks(model: ModelSpec, plan: Plan, stage: int) -> int:
     """MoE blocks held by pipeline rank ``stage`` (all its chunks)."""
-    sizes = plan.layers_per_stage(model)
-    starts = [sum(sizes[:c]) for c in range(len(sizes))]
-    return sum(model.is_moe_layer(i) for c in range(stage, len(sizes), plan.pp)
-               for i in range(starts[c], starts[c] + sizes[c]))
+    from planner.mesh import rank_chunks
+    return sum(chunk_moe_blocks(model, plan, c) for c in rank_chunks(plan, stage))
 
 
 def zero3_layer_groups(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[float, list]]:
@@ -307,9 +327,34 @@ def zero3_layer_groups(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[f
     MoE model: the non-expert part of a block (/tp) over the dp·cp group and the routed
     experts (`expert_params_per_block`, averaged over the blocks) over the edp group."""
     from planner.mesh import group_ranks
-    blocks = [model.block_params(i, active=False) for i in range(model.num_layers)]
-    routed = model.num_experts * model.expert_params() * model.num_moe_layers
-    dense = (sum(blocks) - routed) / model.num_layers / plan.tp
-    expert = expert_params_per_block(model, plan) * model.num_moe_layers / model.num_layers
+    moe, params = _block_table(model)
+    routed = model.num_experts * model.expert_params() * moe[-1]
+    dense = (params[-1] - routed) / model.num_layers / plan.tp
+    expert = expert_params_per_block(model, plan) * moe[-1] / model.num_layers
     return [(dense, list(group_ranks(plan, "dp_cp", stage=stage))),
             (expert, expert_group_ranks(plan, "edp", stage=stage))]
+
+
+def zero3_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of unsharded weights ZeRO-3 / FSDP holds on one rank of an MoE model while a
+    block computes: the block's all-gathered parameters and the next block's, prefetched
+    (PyTorch FSDP2 ``reshard_after_forward`` with one-block prefetch; DeepSpeed ZeRO-3's
+    prefetch bucket), two MoE blocks' worth: their non-expert parameters / tp and their
+    E/ep local experts (`expert_params_per_block`), in the plan dtype. Without expert
+    parallelism a rank gathers every expert of a block: for DeepSeek-V3 256 x 44.0M routed
+    parameters plus ~0.23B others, 23.0 GB per block in bf16.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("deepseek-v3")
+    >>> p = Plan(tp=1, pp=1, dp=1024, micro_batch=1, global_batch=1024, zero_stage=3)
+    >>> round(zero3_buffer_bytes(m, p) / 1e9, 1)   # two blocks, ep = 1
+    46.0
+    >>> round(zero3_buffer_bytes(m, p.replace(ep=64)) / 1e9, 1)   # 4 local experts each
+    1.6
+    """
+    if plan.zero_stage < 3:
+        return 0.0
+    moe_block = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
+    routed = model.num_experts * model.expert_params()
+    dense = (model.block_params(moe_block, active=False) - routed) / plan.tp
+    return 2 * (dense + expert_params_per_block(model, plan)) * DTYPE_BYTES[plan.dtype]

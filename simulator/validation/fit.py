@@ -145,7 +145,8 @@ def _figures(cases: Sequence[RunCase], eff: Efficiency, fw: dict[str, float]) ->
                      "predicted_step_time_s": pred,
                      "reference_step_time_s": case.reference_step_time_s})
     s = error_summary(rows)
-    return {"mape": s["mape"], "mean_error": s["mean_error"], "worst": s["worst"]}
+    return {"mape": s["mape"], "mean_error": s["mean_error"], "worst": s["worst"],
+            "rows": rows}
 
 
 def leave_one_source_out(tables: Sequence[Sequence[RunCase]], device: str, *,

@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from planner.spec import ModelSpec, Plan, PlanError, check_experts
+from planner.spec import ModelSpec, Plan, PlanError, balanced_split, check_experts
 from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
 from simulator.step.compute import load_framework
@@ -157,20 +157,6 @@ def gpu_nodes(cluster: str, num_gpus: int) -> int:
     (128, 4)
     """
     return math.ceil(num_gpus / validation_cluster(cluster, 1).devices_per_node)
-
-
-def balanced_split(layers: int, stages: int) -> tuple[int, ...] | None:
-    """Layers per stage, the larger stages first; None when they split evenly.
-
-    >>> balanced_split(70, 12)
-    (6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5)
-    >>> balanced_split(96, 8) is None
-    True
-    """
-    if layers % stages == 0:
-        return None
-    q, r = divmod(layers, stages)
-    return (q + 1,) * r + (q,) * (stages - r)
 
 
 def deepspeed_split(layers: int, stages: int, embedding_units: float = 1.0) -> tuple[int, ...]:

@@ -126,3 +126,16 @@ def test_plan_cli_fix_ep_shows_ep_column():
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if " tp " in line)
     assert header.split()[:4] == ["tp", "pp", "dp", "ep"]
+
+
+def test_expert_groups_match_stage_order_for_any_placement():
+    # Every expert group is a slice of `stage_ranks` (tp fastest, then cp, then dp), for a
+    # placement with dp innermost too.
+    p = Plan(tp=2, cp=2, pp=2, dp=4, ep=4, etp=2, micro_batch=1, global_batch=4,
+             placement=("dp", "tp", "pp"))
+    ranks = stage_ranks(p, 1)
+    for axis, stride, size in (("etp", 1, 2), ("ep", 2, 4), ("edp", 8, 2)):
+        for j in range(len(ranks)):
+            group = expert_group_ranks(p, axis, stage=1, index=j)
+            start = j - (j // stride % size) * stride
+            assert group == ranks[start:start + size * stride:stride]

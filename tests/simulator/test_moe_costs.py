@@ -102,3 +102,28 @@ def test_moe_step_pays_for_cross_node_all_to_all():
     near = estimate(m, Plan(**base, ep=8), c)
     far = estimate(m, Plan(**base, ep=64), c)
     assert far.comm_s > near.comm_s
+
+
+def test_fsdp_holds_two_gathered_blocks_of_local_experts():
+    # ZeRO-3 gathers a block before use and prefetches the next: two MoE blocks unsharded.
+    # DeepSeek-V3 block: 256 routed experts of 3*7168*2048 = 44,040,192 parameters; with
+    # ep=64 a rank gathers its 4 local experts, with ep=1 all 256.
+    from simulator.step.moe import zero3_buffer_bytes
+    m = load_model("deepseek-v3")
+    p = Plan(tp=1, pp=1, dp=64, micro_batch=1, global_batch=64, zero_stage=3)
+    routed = 3 * 7168 * 2048
+    assert zero3_buffer_bytes(m, p) - zero3_buffer_bytes(m, p.replace(ep=64)) == \
+        pytest.approx(2 * (256 - 4) * routed * 2)
+    assert zero3_buffer_bytes(m, p.replace(zero_stage=1)) == 0.0
+
+
+def test_fp8_weight_cache_counts_only_local_experts():
+    # A low-precision recipe caches cast copies of the rank's own matrices: for Mixtral at
+    # ep=8 one expert per block, not all eight. Going from ep=1 to ep=8 removes 7 of 8
+    # experts in each of 32 blocks from weights and from the cast cache alike.
+    from simulator.step.memory import weight_cache_bytes_per_param
+    base = _plan(ep=1, dtype="fp8")
+    w1 = memory_per_stage(MIXTRAL, base)[0].weights_bytes
+    w8 = memory_per_stage(MIXTRAL, base.replace(ep=8))[0].weights_bytes
+    per_param = 2 + weight_cache_bytes_per_param("fp8", False)   # bf16 weights + cast copy
+    assert w1 - w8 == pytest.approx(32 * 7 * EXPERT * per_param)

@@ -209,3 +209,16 @@ def test_shipped_deepseek_v3_row_reads_as_the_published_model():
     assert m.num_params() / 1e9 == pytest.approx(671, abs=1)
     assert m.active_params() / 1e9 == pytest.approx(37, abs=1)
     assert (p.ep, p.edp) == (64, 4)
+
+
+def test_loso_moe_section_lists_only_expert_rows(tmp_path):
+    # `meshplan validate --loso` MoE section: one Mixtral-shaped bf16 row (EP=8 over dp=8)
+    # and one dense row; only the first is listed.
+    from apps.validate_moe import moe_rows
+    notes = "precision=bf16; EP=8; num_experts=8;top_k=2;moe_ffn_hidden=14336;shared_experts=0"
+    path = _write(tmp_path, [_row(id="m", notes=notes), _row(id="d")])
+    (row,) = moe_rows([str(path)], [])
+    assert row["id"] == "m" and "-ep8-" in row["plan"]
+    # error = predicted / reference - 1 (the validate convention); no held-out without --loso
+    assert row["rel_error"] == row["predicted_step_time_s"] / row["reference_step_time_s"] - 1
+    assert row["held_out_rel_error"] is None
