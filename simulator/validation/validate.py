@@ -80,7 +80,11 @@ from simulator.step.compute import load_framework
 from simulator.step.simulate import estimate, simulate
 from simulator.step.stagecosts import SimOptions
 from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
-from simulator.validation.precision import row_dtype, row_precision  # noqa: F401 (re-export)
+from simulator.validation.precision import (  # noqa: F401 (row_precision: re-export)
+    row_dtype,
+    row_precision,
+    unsupported_precision_reason,
+)
 from simulator.validation.report import error_summary, rel_error
 
 CLUSTER_DIR = PRESET_DIR / "validation_clusters"
@@ -227,7 +231,8 @@ def unsupported_reason(row: dict) -> str | None:
     A mixture-of-experts row (``num_experts`` or ``EP=`` in ``notes``) is listed under
     ``skipped`` with this reason, never simulated as a dense run (published_benchmarks.csv
     README). FP8 / MXFP8 / NVFP4 rows are simulated in their precision
-    (`simulator.validation.precision.row_dtype`).
+    (`simulator.validation.precision.row_dtype`); a torchao rowwise float8 row is refused
+    (`simulator.validation.precision.unsupported_precision_reason`).
 
     >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"})[:9]
     'MoE model'
@@ -236,7 +241,7 @@ def unsupported_reason(row: dict) -> str | None:
     if _MOE.search((row.get("notes") or "").lower()):
         return ("MoE model (num_experts / EP in notes): mixture-of-experts layers are not "
                 "modelled by the dense reader")
-    return None
+    return unsupported_precision_reason(row)
 
 
 def _a100_40gb(row: dict) -> bool:
