@@ -17,7 +17,8 @@ from planner.precision import PLAN_DTYPES
 from planner.space import SearchSpace
 from planner.spec import PlanError
 
-_INT_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage")
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage", "ep",
+               "etp")
 REJECTED_TABLE = {"id": ("candidate", None), "kind": ("kind", None),
                   "reason": ("reason", None)}
 CLOSEST_TABLE = {"id": ("plan", None), "peak_memory_bytes": ("needs/device", fmt_bytes),
@@ -35,7 +36,7 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     help="fraction of device memory a plan may use (default 0.95)")
     sp.add_argument("--fix", action="append", default=[], metavar="FIELD=V[,V...]",
                     help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
-                    "schedule, recompute, zero_stage, sequence_parallel, placement "
+                    "schedule, recompute, zero_stage, sequence_parallel, placement, ep, etp "
                     "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
     sp.add_argument("--dtype", choices=(*PLAN_DTYPES, "any"), help="training precision: "
                     "bf16, or the linear GEMMs in fp8 (delayed scaling), fp8-current "

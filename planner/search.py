@@ -28,7 +28,7 @@ from simulator.step.simulate import StepPrediction, estimate, simulate
 RANKED_COLUMNS = ["id", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "recompute",
                   "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "hfu",
                   "peak_memory_bytes", "tier", "schedule", "virtual_stages", "zero_stage",
-                  "placement", "dtype"]
+                  "placement", "ep", "etp", "dtype"]
 REJECTED_COLUMNS = ["id", "reason", "kind"]
 GiB = 2**30
 #: Out-of-memory plans kept as the "closest" answer when nothing fits.
@@ -101,7 +101,7 @@ def _memory_key(plan: Plan) -> tuple:
     # Memory does not depend on placement: the cache key is every other field.
     return (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch, plan.global_batch, plan.schedule,
             plan.virtual_stages, plan.recompute, plan.zero_stage, plan.sequence_parallel,
-            plan.dtype)
+            plan.dtype, plan.ep, plan.etp)
 
 
 def resolve_global_batch(model: ModelSpec, global_batch: int | None,
@@ -155,7 +155,7 @@ def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
             "mfu": pred.mfu, "hfu": pred.hfu, "peak_memory_bytes": pred.peak_memory_bytes,
             "tier": tier, "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,
             "zero_stage": plan.zero_stage, "placement": ".".join(plan.placement),
-            "dtype": plan.dtype}
+            "ep": plan.ep, "etp": plan.etp, "dtype": plan.dtype}
 
 
 def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_batch: int,

@@ -46,7 +46,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.planfile import PlanFile, check_runnable, read_plan_file
 from planner.precision import storage_dtype
-from planner.spec import PlanError, check_plan
+from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
@@ -197,7 +197,9 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: s
         return [module], _accumulation_step(module, plan, amp, vocab_parallel_loss(plan))
     stages, schedule, modules = parallelize_pipeline(model, plan, mesh, cross_entropy_loss,
                                                      device=device)
-    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings else None
+    # ZB-V / DualPipe-V hold both tied copies on pipeline rank 0: no group, a local sum.
+    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings and \
+        plan.schedule not in V_SCHEDULES else None
     step = _pipeline_step(stages, schedule, plan, amp, device)
 
     def step_and_sum_tied(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

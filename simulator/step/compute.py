@@ -325,6 +325,13 @@ def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel
     """`LayerCompute` of one block (cached: the planner calls it for many plans)."""
     ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp)
     ops += cast_ops(ops, dtype, block_scaled_device(device.peak_flops))
+    return ops_compute(tuple(ops), device, eff, dtype)
+
+
+def ops_compute(ops: tuple[Op, ...], device: DeviceProfile, eff: Efficiency,
+                dtype: str) -> LayerCompute:
+    """`LayerCompute` of a block made of forward ``ops``: each op's `op_time_s`, the backward
+    as below, host time ``host_op_s`` per op (twice in backward)."""
     fwd = bwd = core = 0.0
     for op in ops:
         t = op_time_s(op, device, eff, dtype)

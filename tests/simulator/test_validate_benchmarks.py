@@ -127,14 +127,13 @@ def test_low_precision_rows_are_read_in_their_precision(tmp_path, notes, dtype):
     assert case.plan.dtype == dtype
 
 
-@pytest.mark.parametrize("notes", ["precision=bf16; EP=8; num_experts=64;top_k=6",
-                                   "precision=fp8; EP=64"])
-def test_moe_rows_are_skipped_with_reason(tmp_path, notes):
-    assert unsupported_reason({"notes": notes}).startswith("MoE model")
+def test_int8_row_is_skipped_with_reason(tmp_path):
+    notes = "precision=int8 (SmoothQuant); GBS=256"
+    assert unsupported_reason({"notes": notes}).startswith("precision=int8")
     result = validate_runs(_write(tmp_path, [_row(id="x", notes=notes), _row(id="ok")]))
     assert [r["id"] for r in result["rows"]] == ["ok"]
     (skip,) = result["skipped"]
-    assert skip["id"] == "x" and skip["reason"].startswith("MoE model")
+    assert skip["id"] == "x" and skip["reason"].startswith("precision=int8")
 
 
 def test_torchao_rowwise_float8_is_skipped_not_run_as_tensorwise(tmp_path):
@@ -162,13 +161,21 @@ def test_bf16_rows_are_not_skipped():
         assert unsupported_reason({"notes": notes}) is None
 
 
-def test_gb200_row_runs_on_nvl72_racks(tmp_path):
-    # A node of gb200-nvl72 is one rack of 72 GPUs in one NVLink domain (NVL72 datasheet):
-    # 256 GPUs take 4 racks.
-    path = _write(tmp_path, [_row(id="g", gpu="GB200 (DGX-GB200)", num_gpus=256, dp=256,
-                                  global_batch=512)])
-    case = read_runs(path)[0]
-    assert (case.cluster_name, case.nodes) == ("gb200-nvl72", 4)
+def test_gb200_row_runs_on_nvl72_racks_not_b200_nodes(tmp_path):
+    # A DGX-GB200 row runs on NVL72 racks scheduled in 64-GPU segments (16 of 18 trays).
+    (case,) = read_runs(_write(tmp_path, [_row(id="g", gpu="GB200 (DGX-GB200 NVL72)")]))
+    assert case.cluster_name == "gb200-nvl72-seg16"
+    assert case.nodes == 1 and any("--segment=16" in f for f in case.flags)
+
+
+def test_bf16_moe_row_is_read_with_its_experts(tmp_path):
+    # The table README's MoE notes: experts, top-k, expert width, EP degree, dispatcher.
+    notes = ("precision=bf16; EP=8; num_experts=8;top_k=2;moe_ffn_hidden=14336;"
+             "shared_experts=0; kernels=TE + DeepEP")
+    (case,) = read_runs(_write(tmp_path, [_row(id="m", notes=notes)]))
+    assert (case.model.num_experts, case.model.experts_per_token,
+            case.model.moe_ffn_hidden) == (8, 2, 14336)
+    assert case.plan.ep == 8 and case.options.moe_dispatcher == "deepep"
 
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -184,9 +191,9 @@ def test_shipped_table_every_row_is_simulated_or_skipped_with_reason():
     cases = read_runs(path, skipped)
     assert len(cases) + len(skipped) == len(rows)
     by_id = {r["id"]: r for r in rows}
-    for s in skipped:                       # every skip says why; MoE
+    for s in skipped:                       # every skip says why
         assert s["reason"]
-    for c in cases:                         # every simulated row is dense, in its precision
+    for c in cases:                         # every simulated row is in its precision
         assert unsupported_reason(by_id[c.id]) is None
     assert {c.plan.dtype for c in cases} == {"bf16", "fp8", "fp8-current", "mxfp8", "nvfp4"}
 
@@ -198,3 +205,16 @@ def test_sequence_parallel_cell_with_a_remark_is_read(tmp_path):
     case = read_runs(_write(tmp_path, [row]))[0]
     assert case.plan.sequence_parallel and not any("sequence_parallel" in f
                                                    for f in case.flags)
+
+
+@pytest.mark.skipif(not (DATA / "published_benchmarks.csv").is_file(),
+                    reason="../shared/data/published_benchmarks.csv not found")
+def test_shipped_deepseek_v3_row_reads_as_the_published_model():
+    # n371's notes give DeepSeek-V3's shape; the parameter counts of the report (§4.2):
+    # 671B total, 37B active; EP=64 over dp=256 gives edp = 256 / 64 = 4.
+    cases = {c.id: c for c in read_runs(DATA / "published_benchmarks.csv", [])}
+    m, p = cases["n371"].model, cases["n371"].plan
+    assert m.is_mla and m.num_moe_layers == 58
+    assert m.num_params() / 1e9 == pytest.approx(671, abs=1)
+    assert m.active_params() / 1e9 == pytest.approx(37, abs=1)
+    assert (p.ep, p.edp) == (64, 4)
