@@ -105,10 +105,11 @@ HELD_OUT_KEYS = {"gpu": "device", "precision": "dtype"}
 
 
 def held_out_report(paths: list[str], *, by_gpu: bool, by: tuple[str, ...],
-                    iters: int) -> list[dict]:
+                    iters: int, dense: bool = False) -> list[dict]:
     """Held-out figures of the carried efficiency terms (`simulator.validation.carry`):
     each row predicted with the terms fitted without its source (``by_gpu`` False) or
-    without its GPU type (leave-one-GPU-out), grouped by ``by`` (``gpu``, ``precision``).
+    without its GPU type (leave-one-GPU-out), grouped by ``by`` (``gpu``, ``precision``);
+    ``dense``: the dense rows only (fitted and reported), no mixture-of-experts row.
 
     Raises:
         PlanError: a ``--by`` name other than gpu / precision.
@@ -120,7 +121,7 @@ def held_out_report(paths: list[str], *, by_gpu: bool, by: tuple[str, ...],
     if bad:
         raise PlanError(f"--by {','.join(bad)}: with --loso-carried / --logo group by "
                         f"{' and/or '.join(HELD_OUT_KEYS)}")
-    cases = [c for p in paths for c in read_runs(p, [])]
+    cases = [c for p in paths for c in read_runs(p, []) if not (dense and c.model.is_moe)]
     group = (lambda c: case_device(c).name) if by_gpu else (lambda c: c.source)
     errors = held_out_errors(cases, group, iters=iters)
     return summarize(errors, [HELD_OUT_KEYS[b] for b in by or ("gpu",)])
@@ -140,7 +141,8 @@ def print_held_out(console: Console, entries: list[dict], title: str) -> None:
 def _held_out(args: argparse.Namespace) -> int:
     by = tuple(f.strip() for f in args.by.split(",")) if args.by else ()
     paths = [args.runs, *(args.loso_with or [])]
-    entries = held_out_report(paths, by_gpu=args.logo, by=by, iters=args.loso_iters)
+    entries = held_out_report(paths, by_gpu=args.logo, by=by, iters=args.loso_iters,
+                              dense=args.dense)
     kind = "leave-one-GPU-out" if args.logo else "leave-one-source-out"
     if args.json:
         print(json.dumps({"held_out": entries, "kind": kind, "iters": args.loso_iters}))
@@ -258,4 +260,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--logo", action="store_true", help="instead: leave-one-GPU-out: the "
                     "carried terms fitted without every row of one GPU type, that type "
                     "predicted from its datasheet (--by gpu[,precision])")
+    sv.add_argument("--dense", action="store_true", help="with --loso-carried / --logo: "
+                    "dense rows only (no mixture-of-experts row is fitted or reported)")
     sv.set_defaults(func=cmd_validate)

@@ -33,8 +33,10 @@ so a per-tensor FP8 cast also writes the transpose of X and dY for the weight-gr
 and of W for the input-gradient GEMM (Transformer Engine's fused cast-transpose), and a
 block-scaled cast writes a second, column-wise scaled copy (the blocks run along K of the
 other GEMM). Weights are cast once per step and kept for every micro-batch (Megatron-Core /
-Transformer Engine's ``is_first_microbatch`` weight cache), which costs memory: the
-low-precision copies of every linear weight (`weight_cache_bytes_per_param`).
+Transformer Engine's ``is_first_microbatch`` weight cache); with primary low-precision weights
+(Megatron-Core ``--fp8-param-gather``, NeMo's FP8 recipes) those copies replace the bf16
+linear weights in memory (`weight_cache_bytes_per_param` instead of 2 bytes a parameter), and
+each linear input saved for the weight gradient is kept as its cast.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.mesh import rank_chunks
-from planner.precision import storage_dtype, weight_cache_bytes_per_param
+from planner.precision import recipe, storage_dtype, weight_cache_bytes_per_param
 from planner.spec import DTYPE_BYTES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 from simulator.step.zb_orders import peak_in_flight, rank_order
 
@@ -118,6 +118,29 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, attention: str = "unfus
     return (s * b * per_token + scores) * scale
 
 
+def lowp_activation_saving(model: ModelSpec, plan: Plan) -> float:
+    """Bytes per layer and micro-batch a low-precision recipe saves on the stored activations:
+    Transformer Engine keeps each linear GEMM's input for the weight gradient as its
+    low-precision cast (``operand_bytes`` an element) instead of bf16 (2): the two norm
+    outputs feeding QKV and MLP up (T·h, /tp with sequence parallelism), the attention
+    output feeding the output projection (T·h/tp) and the activation output feeding MLP
+    down (T·f/tp); T = s·b/cp. 0 for bf16 and under full recomputation (only block inputs
+    are kept).
+
+    >>> from planner.presets import load_model
+    >>> m, p = load_model("llama3-8b"), Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1,
+    ...                                      dtype="fp8")
+    >>> lowp_activation_saving(m, p) == 8192 * (3 * 4096 + 14336) * (2 - 1)
+    True
+    """
+    r = recipe(plan.dtype)
+    if r is None or plan.recompute == "full":
+        return 0.0
+    t, tp = model.seq_len // plan.cp * plan.micro_batch, plan.tp
+    norm_out = 2 * model.hidden / (tp if plan.sequence_parallel else 1)
+    return t * (norm_out + (model.hidden + model.ffn_hidden) / tp) * (2 - r.operand_bytes)
+
+
 def microbatches_in_flight(plan: Plan, stage: int) -> float:
     """Micro-batches of the whole stage's activations that rank ``stage`` holds at its peak.
 
@@ -206,13 +229,17 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
         block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
-            of the weight and its transpose, `planner.precision.cast_copies`); a
-            low-precision plan adds its cached weight copies to the weights.
+            of the weight and its transpose, `planner.precision.cast_copies`). A
+            low-precision plan holds its linear weights as their casts instead of bf16
+            (primary low-precision weights: Megatron-Core ``--fp8-param-gather``, NeMo's FP8
+            recipes; the fp32 master weights stay in the optimizer states) and stores the
+            linear inputs as their casts (`lowp_activation_saving`).
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
     d = DTYPE_BYTES[plan.dtype]
-    per_layer = layer_activation_bytes(model, plan, attention)
+    per_layer = layer_activation_bytes(model, plan, attention) \
+        - lowp_activation_saving(model, plan)
     chunks = plan.layers_per_stage(model)
     out = []
     for stage in range(plan.pp):
@@ -238,7 +265,10 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             return p * per_param / (s if z >= from_stage else 1) \
                 + e * per_param / (es if z >= from_stage else 1)
 
-        wc = weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        # Low-precision primary weights: the linear weights are held as their casts (FP8 and
+        # its transpose on Hopper), not in bf16 (`planner.precision`); 0 for bf16.
+        wc = weight_cache_bytes_per_param(plan.dtype, block_scaled) - d if recipe(plan.dtype) \
+            else 0.0
         if model.is_moe:
             # the rank's own matrices: non-expert ones / tp, its E/ep local experts
             from simulator.step.moe import expert_params_per_block

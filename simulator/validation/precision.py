@@ -12,6 +12,10 @@ nvfp4`` with ``fp8_recipe=...``, or torchtitan's ``precision=bf16+float8 linears
 * torchao float8 (``float8`` in the precision, or a float8 linear converter in the notes):
   ``fp8-current`` (torchao's ``tensorwise`` recipe: dynamic per-tensor scaling);
 * anything else: the framework's default dtype.
+
+torchao's ``rowwise`` float8 recipe (one scale per row, a CUTLASS row-scaled GEMM, the weight
+gradient in bf16 with ``rowwise_with_gw_hp``) is none of these: such a row is refused
+(`unsupported_precision_reason`) rather than simulated as tensorwise FP8.
 """
 
 from __future__ import annotations
@@ -37,6 +41,22 @@ def row_precision(row: dict) -> str | None:
         m = re.search(rf"(?<![a-z_]){key}\s*=\s*([^;]*)", notes, flags=re.IGNORECASE)
         if m:
             return m.group(1).strip()
+    return None
+
+
+def unsupported_precision_reason(row: dict) -> str | None:
+    """Why a row's precision is not a modelled recipe (torchao rowwise float8), or None.
+
+    >>> unsupported_precision_reason({"notes": "quantization=float8 rowwise; GBS"})[:31]
+    'quantization=float8 rowwise: to'
+    >>> unsupported_precision_reason({"notes": "quantization=float8 tensorwise"}) is None
+    True
+    """
+    text = row_precision(row) or ""
+    if "float8" in text.lower() and "rowwise" in text.lower():
+        return (f"quantization={text}: torchao's rowwise-scaled float8 (per-row scales, a "
+                f"CUTLASS row-scaled GEMM, bf16 weight gradients) is not a modelled recipe; "
+                f"the model has fp8 (delayed), fp8-current (tensorwise), mxfp8 and nvfp4")
     return None
 
 

@@ -83,7 +83,11 @@ from simulator.step.stagecosts import SimOptions
 from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
 from simulator.validation.memory_default import recompute_that_fits
 from simulator.validation.moe_rows import moe_fields, moe_options, row_ep
-from simulator.validation.precision import row_dtype, row_precision  # noqa: F401 (re-export)
+from simulator.validation.precision import (  # noqa: F401 (row_precision: re-export)
+    row_dtype,
+    row_precision,
+    unsupported_precision_reason,
+)
 from simulator.validation.report import error_summary, rel_error
 
 CLUSTER_DIR = PRESET_DIR / "validation_clusters"
@@ -222,6 +226,9 @@ def unsupported_reason(row: dict) -> str | None:
     mixture-of-experts row in bf16, FP8, MXFP8 or NVFP4 is simulated; a row whose notes name
     another GEMM precision (INT8, FP6) is listed under ``skipped`` with this reason.
 
+    A torchao rowwise float8 row is refused too
+    (`simulator.validation.precision.unsupported_precision_reason`).
+
     >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"}) is None
     True
     >>> unsupported_reason({"notes": "precision=mxfp8; step_time=GBS*seq/(TPS*num_gpus)"})
@@ -232,7 +239,7 @@ def unsupported_reason(row: dict) -> str | None:
     if re.search(r"int8|int4|fp6", precision.lower()):
         return (f"precision={precision}: only bf16 / fp16 / fp8 / mxfp8 / nvfp4 GEMMs are "
                 f"modelled")
-    return None
+    return unsupported_precision_reason(row)
 
 
 def _a100_40gb(row: dict) -> bool:
