@@ -13,6 +13,8 @@ pipelining `parallelize` applies the same three to the whole model.
 - DP (`runtime.parallel.dp`): DDP, or FSDP2 ``fully_shard`` for TP models and ZeRO plans.
 - Recomputation (`runtime.parallel.recompute`): ``checkpoint_wrapper`` per block, full or
   selective.
+- CP (`runtime.parallel.cp`): ring attention over the cp dim, load-balanced sequence chunks;
+  DP then reduces over the flattened dp × cp dim.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.distributed.pipelining import PipelineStage
 from planner.mesh import mesh_dims, mesh_shape
 from planner.spec import Plan, PlanError
 from runtime.model import Transformer
+from runtime.parallel.cp import apply_cp, data_parallel_mesh
 from runtime.parallel.dp import apply_dp
 from runtime.parallel.pp import apply_pp
 from runtime.parallel.recompute import apply_recompute
@@ -57,7 +60,8 @@ def vocab_parallel_loss(plan: Plan) -> bool:
 
 
 def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh) -> nn.Module:
-    """The plan's TP, recomputation and DP applied to ``module`` (a whole model or a stage).
+    """The plan's TP, CP, recomputation and DP applied to ``module`` (a whole model or a
+    stage); DP runs over dp × cp ranks when cp > 1.
 
     Returns:
         The module to run: ``module`` itself (maybe an ``FSDPModule`` now), or its DDP wrapper.
@@ -65,9 +69,11 @@ def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh) -> nn.Module:
     if plan.tp > 1:
         apply_tp(module, mesh["tp"], sequence_parallel=plan.sequence_parallel,
                  loss_parallel=vocab_parallel_loss(plan))
+    if plan.cp > 1:
+        apply_cp(module, mesh["cp"])
     apply_recompute(module, plan.recompute)
-    if plan.dp > 1 or plan.zero_stage > 0:
-        module = apply_dp(module, mesh["dp"], zero_stage=plan.zero_stage)
+    if plan.dp_cp > 1 or plan.zero_stage > 0:
+        module = apply_dp(module, data_parallel_mesh(mesh), zero_stage=plan.zero_stage)
     return module
 
 

@@ -52,6 +52,7 @@ from runtime.faults import add_fault_args
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
+from runtime.parallel.cp import cp_rank
 from runtime.parallel.dp import gradient_sync
 from runtime.parallel.pp import sum_tied_embedding_grads, tied_embedding_group
 from runtime.parallelize import (
@@ -62,6 +63,7 @@ from runtime.parallelize import (
 )
 from runtime.params import save_full_parameters
 from runtime.resilience import Resilience, StopTraining, fault_args_error, resume_folder
+from runtime.ring_attention import shard_sequence
 
 __all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
 
@@ -144,9 +146,8 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
     has checked its own fields on construction).
 
     Raises:
-        PlanError: invalid plan, context parallelism (not executed), vocabulary too small for
-            bytes, sequence parallelism over a length tp does not divide, or world size !=
-            tp·pp·dp.
+        PlanError: invalid plan, vocabulary too small for bytes, sequence parallelism over a
+            length tp does not divide, or world size != tp·cp·pp·dp.
         FileNotFoundError / ValueError: missing or too short ``--data``.
     """
     pf = read_plan_file(config.plan_path)
@@ -185,8 +186,20 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: s
     """This rank's parallel modules and a function that runs one step's forward + backward.
 
     The step function takes this DP rank's (B/dp, T) inputs and targets and returns this rank's
-    share of the global mean loss (all ranks' shares sum to it).
+    share of the global mean loss (all ranks' shares sum to it). Under context parallelism it
+    keeps this cp rank's load-balanced T/cp tokens of both (`runtime.parallel.cp`).
     """
+    modules, step = _build_step(pf, mesh, device, seed, attention)
+    if pf.plan.cp == 1:
+        return modules, step
+    cp, rank = pf.plan.cp, cp_rank(mesh)
+    return modules, lambda inputs, targets: step(shard_sequence(inputs, cp, rank),
+                                                 shard_sequence(targets, cp, rank))
+
+
+def _build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str
+                ) -> tuple[list[torch.nn.Module], StepFn]:
+    """`build_step` on the full (or this cp rank's) sequence."""
     model = Transformer(pf.model, seed=seed, attention=attention).to(device)
     plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
     if plan.pp == 1:
@@ -232,10 +245,10 @@ def _accumulation_step(module, plan, amp, vocab_loss: bool) -> StepFn:
 
 
 def _pipeline_step(stages, schedule, plan, amp, device) -> StepFn:
-    """One pipeline schedule step; the last stage's ranks (dp·tp of them) hold the losses."""
+    """One pipeline schedule step; the last stage's ranks (dp·cp·tp of them) hold the losses."""
     indices = {stage.stage_index for stage in stages}
     is_first, is_last = 0 in indices, plan.pp * plan.virtual_stages - 1 in indices
-    share = 1.0 / (plan.dp * plan.tp)
+    share = 1.0 / (plan.dp_cp * plan.tp)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []

@@ -136,6 +136,32 @@ def test_four_rank_pairs_match_single_process(write_plan, tiny_plan, tmp_path, r
     run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
 
 
+def test_cp2_matches_single_process_across_a_checkpoint_resume(write_plan, tiny_plan,
+                                                               tmp_path, reference_state):
+    # ring attention over 2 ranks, each holding chunks (0, 3) or (1, 2) of every sequence;
+    # 6 steps, a DCP checkpoint, then a second launch resumes it for steps 7..10
+    path = write_plan("cp2", tiny_plan(cp=2))
+    first = run_plan(path, steps=6, out_dir=tmp_path / "cp2", quiet=True, timeout_s=180,
+                     checkpoint_every=6)
+    params = tmp_path / "cp2.pt"
+    resumed = run_plan(path, steps=STEPS, out_dir=tmp_path / "cp2-resumed", quiet=True,
+                       timeout_s=180, resume=tmp_path / "cp2" / "checkpoints",
+                       save_params=params)
+    assert_same_losses(first["losses"] + resumed["losses"], reference_state[0])
+    assert_same_params(params, reference_state[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, changes", [
+    pytest.param("cp2-dp2", {"cp": 2, "dp": 2, "micro_batch": 1}, id="cp2-dp2"),
+    # TP inside each cp rank: the ring runs on each rank's local heads
+    pytest.param("cp2-tp2", {"cp": 2, "tp": 2}, id="cp2-tp2"),
+])
+def test_context_parallel_pairs_match_single_process(write_plan, tiny_plan, tmp_path,
+                                                     reference_state, name, changes):
+    run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
+
+
 def test_world_size_mismatch_fails_fast_with_one_line(write_plan, tiny_plan, tmp_path):
     path = write_plan("mismatch", tiny_plan(dp=2))
     start = time.monotonic()
