@@ -162,6 +162,23 @@ def test_context_parallel_pairs_match_single_process(write_plan, tiny_plan, tmp_
     run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
 
 
+@pytest.mark.slow
+def test_meshplan_runs_the_best_cp_plan_of_tiny_gpt_at_seq_512_on_two_ranks(tmp_path):
+    # the planner searches cp from 16K tokens on, so cp is fixed; its best cp plan then runs
+    plan = tmp_path / "cp.yaml"
+    cli = [sys.executable, "-m", "apps.cli"]
+    made = subprocess.run([*cli, "plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu",
+                           "--ranks", "2", "--seq-len", "512", "--fix", "cp=2", "--out",
+                           str(plan)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    ran = subprocess.run([*cli, "run", str(plan), "--steps", "2", "--out", str(tmp_path / "run"),
+                          "--json"], capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    summary = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert summary["plan_id"].startswith("tp1-cp2-pp1-dp1") and summary["steps"] == 2
+    assert summary["world_size"] == 2
+
+
 def test_world_size_mismatch_fails_fast_with_one_line(write_plan, tiny_plan, tmp_path):
     path = write_plan("mismatch", tiny_plan(dp=2))
     start = time.monotonic()
