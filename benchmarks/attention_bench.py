@@ -47,6 +47,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def random_qkv(args: argparse.Namespace, n: int, device: torch.device) -> list[torch.Tensor]:
+    """Leaf q, k, v of shape (batch, heads, n, head_dim) in the benchmark's dtype."""
+    shape = (args.batch, args.heads, n, args.head_dim)
+    return [torch.randn(shape, device=device, dtype=DTYPES[args.dtype], requires_grad=True)
+            for _ in range(3)]
+
+
 def time_s(fn, q, k, v, causal: bool, backward: bool, repeats: int) -> float:
     """Best-of-``repeats`` wall time (s) of one forward (and backward)."""
     best = float("inf")
@@ -95,9 +102,7 @@ def _ring_rank(rank: int, cp: int, port: int, n: int, args: argparse.Namespace,
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=cp)
     group = dist.group.WORLD
-    shape = (args.batch, args.heads, n // cp, args.head_dim)           # this rank's tokens
-    q, k, v = (torch.randn(shape, device=device, dtype=DTYPES[args.dtype], requires_grad=True)
-               for _ in range(3))
+    q, k, v = random_qkv(args, n // cp, device)                       # this rank's tokens
     fn = lambda q, k, v, causal: ring_attention(q, k, v, group)      # noqa: E731
     both = time_s(fn, q, k, v, True, True, args.repeats)
     peak = peak_bytes(fn, q, k, v, True)
@@ -115,9 +120,7 @@ def ring_rows(args: argparse.Namespace, device: torch.device) -> None:
     print(f"{'seq':>6} {'impl':>8} {'fwd_bwd_s':>10} {'peak_MiB/rank':>14} {'time_vs_1':>10} "
           f"{'mem_vs_1':>9}")
     for n in map(int, args.ring_seqs.split(",")):
-        shape = (args.batch, args.heads, n, args.head_dim)
-        q, k, v = (torch.randn(shape, device=device, dtype=DTYPES[args.dtype],
-                               requires_grad=True) for _ in range(3))
+        q, k, v = random_qkv(args, n, device)
         one = (time_s(IMPLS["ours"], q, k, v, True, True, args.repeats),
                peak_bytes(IMPLS["ours"], q, k, v, True))
         with tempfile.TemporaryDirectory() as out:
@@ -155,9 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'seq':>6} {'impl':>6} {'fwd_s':>8} {'fwd_bwd_s':>10} {'peak_MiB':>9} "
           f"{'time_vs_sdpa':>12} {'mem_vs_naive':>12}")
     for n in map(int, args.seqs.split(",")):
-        shape = (args.batch, args.heads, n, args.head_dim)
-        q, k, v = (torch.randn(shape, device=device, dtype=DTYPES[args.dtype],
-                               requires_grad=True) for _ in range(3))
+        q, k, v = random_qkv(args, n, device)
         rows = {}
         for name, fn in IMPLS.items():
             if name == "naive" and n > args.naive_max_seq:
