@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.spec import DTYPE_BYTES, ModelSpec, Plan
+from planner.mesh import rank_chunks
+from planner.precision import storage_dtype, weight_cache_bytes_per_param
+from planner.spec import DTYPE_BYTES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
+from simulator.step.zb_orders import peak_in_flight, rank_order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +61,25 @@ def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
 
 def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding): the sum of
-    its chunks' `chunk_params` (one chunk unless interleaved)."""
-    return sum(chunk_params(model, plan, c)
-               for c in range(stage, plan.pp * plan.virtual_stages, plan.pp))
+    its chunks' `chunk_params` (one chunk unless interleaved; `planner.mesh.rank_chunks`)."""
+    return sum(chunk_params(model, plan, c) for c in rank_chunks(plan, stage))
+
+
+def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters one rank of pipeline ``stage`` holds before
+    ZeRO sharding: `stage_params` for a dense model (no experts); for an MoE model the routed
+    experts are held E/ep per rank and 1/etp of each, the rest split over tp
+    (`simulator.step.moe.chunk_param_split`). ZeRO shards the first over dp·cp and the
+    experts over the expert data-parallel group edp (Megatron-Core's distributed optimizer
+    with MoE parallel folding)."""
+    if not model.is_moe:
+        return stage_params(model, plan, stage), 0.0
+    from simulator.step.moe import chunk_param_split
+    dense = expert = 0.0
+    for c in rank_chunks(plan, stage):
+        d, e = chunk_param_split(model, plan, c, chunk_params(model, plan, c))
+        dense, expert = dense + d, expert + e
+    return dense, expert
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:
@@ -105,8 +124,14 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
     1F1B: min(pp − stage, m) (Narayanan et al. 2021, §2.2); GPipe: all m. Interleaved 1F1B
     with v chunks: the w + 1 chunk micro-batches of Megatron-LM's warm-up, w = 2(pp − stage −
     1) + (v − 1)·pp, each 1/v of the stage: min(w + 1, m·v) / v (≈ pp·(1 + 1/v) on rank 0).
+    Zero-bubble schedules: the peak of their order (`simulator.step.zb_orders.peak_in_flight`,
+    activations held until W), over v: pp for ZB-H1 and ZB-V as for 1F1B (Qi et al. 2024
+    Table 1 and §6), (2·pp + 1)/2 for DualPipe-V (PP + 1 chunks, DeepSeek-V3 report Table 2).
     """
     m, v = plan.num_microbatches, plan.virtual_stages
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        order = rank_order(plan.schedule, plan.pp, m, stage, v)
+        return peak_in_flight(order) / v
     if plan.schedule == "gpipe":
         return m
     if v == 1:
@@ -120,9 +145,10 @@ def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
     s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
     extra = 0.0
-    if stage == 0:
+    chunks = rank_chunks(plan, stage)
+    if 0 in chunks:
         extra += 2 * s * b * h * scale
-    if stage == plan.pp - 1:
+    if plan.pp * plan.virtual_stages - 1 in chunks:
         extra += 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
     return extra
 
@@ -145,12 +171,21 @@ def main_grad_bytes_per_param(dtype: str) -> tuple[int, int]:
     d = DTYPE_BYTES[dtype]
     if d == 4:
         return 4, 8
-    return (4, 12) if dtype == "bf16" else (d, 16)
+    return (4, 12) if storage_dtype(dtype) == "bf16" else (d, 16)
+
+
+def _linear_params(model: ModelSpec) -> float:
+    # The matrices of one block (the mean over blocks for an MoE model), which a
+    # low-precision recipe casts and caches.
+    if model.is_moe:
+        return model.moe_mean_layer_params(active=False, matmul_only=True)
+    return model.layer_matmul_params()
 
 
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
-                     fp32_main_grads: bool = False) -> list[MemoryBreakdown]:
+                     fp32_main_grads: bool = False,
+                     block_scaled: bool = False) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -167,6 +202,9 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
+        block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
+            of the weight and its transpose, `planner.precision.cast_copies`); a
+            low-precision plan adds its cached weight copies to the weights.
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
@@ -175,16 +213,27 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     chunks = plan.layers_per_stage(model)
     out = []
     for stage in range(plan.pp):
-        params = stage_params(model, plan, stage)
-        layers = sum(chunks[stage::plan.pp])
+        params, experts = stage_param_split(model, plan, stage)
+        layers = sum(chunks[g] for g in rank_chunks(plan, stage))
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        z, shard = plan.zero_stage, plan.dp_cp
+        if model.is_moe:
+            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
+            acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+        z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
         g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
             (d, optimizer_bytes_per_param(plan.dtype))
+
+        def held(per_param: float, from_stage: int, p=params, e=experts, z=z, s=shard,
+                 es=eshard) -> float:
+            # bytes of both parameter groups, each sharded over its own group under ZeRO
+            return p * per_param / (s if z >= from_stage else 1) \
+                + e * per_param / (es if z >= from_stage else 1)
+
+        cache = _linear_params(model) / plan.tp * layers \
+            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
         out.append(MemoryBreakdown(
-            weights_bytes=params * d / (shard if z >= 3 else 1),
-            gradients_bytes=params * g / (shard if z >= 2 else 1),
-            optimizer_bytes=params * o / (shard if z >= 1 else 1),
+            weights_bytes=held(d, 3) + cache / (shard if z >= 3 else 1),
+            gradients_bytes=held(g, 2), optimizer_bytes=held(o, 1),
             activations_bytes=acts * microbatches_in_flight(plan, stage),
             overhead_bytes=overhead_bytes))
     return out
