@@ -164,12 +164,15 @@ class RingAttention(torch.autograd.Function):
                                          o[:, :, rows], lse[:, :, rows], dor[:, :, rows],
                                          causal, *tiles[:3], g)
             dq[:, :, rows].add_(dq_p)
-            dkv = torch.zeros_like(kv)
-            dkv[0, :, :, keys], dkv[1, :, :, keys] = dk_p, dv_p
-            if dkv_in is not None:              # this block's accumulator, one hop behind it
+            if dkv_in is None:                  # step 0: this rank starts its own block's sum
+                dkv = torch.zeros_like(kv)
+            else:                               # this block's accumulator, one hop behind it
                 _wait(dkv_in[1])
-                dkv.add_(dkv_in[0])
-            dkv_in = ring.start(dkv, tag=1)
+                dkv = dkv_in[0]
+            dkv[0, :, :, keys].add_(dk_p)
+            dkv[1, :, :, keys].add_(dv_p)
+            del dq_p, dk_p, dv_p
+            dkv_in = ring.start(dkv, tag=1)     # (added to in place, then sent on)
             if nxt is not None:
                 _wait(nxt[1])
                 kv = nxt[0]
