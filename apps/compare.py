@@ -30,7 +30,7 @@ COMPARE_GLOBAL_BATCH = 8
 WIDE_CHANGES = {"name": "tiny-gpt-wide", "num_layers": 2, "hidden": 512, "num_heads": 8,
                 "num_kv_heads": 8, "ffn_hidden": 2048, "seq_len": 64}
 #: The sweep: (model, plan fields) over world sizes 1, 2 and 4: DP, TP, PP, their pairs,
-#: micro-batch counts, recomputation on and off, ZeRO-3.
+#: micro-batch counts, recomputation on and off, ZeRO-3, context parallelism.
 SWEEP: list[tuple[str, dict]] = [
     ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 8}),
     ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 2}),
@@ -49,9 +49,11 @@ SWEEP: list[tuple[str, dict]] = [
     ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 4}),
     ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 2}),
     ("tiny-gpt-wide", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2}),
+    # context parallelism: ring attention over 2 ranks, each holding half of every sequence
+    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "cp": 2, "micro_batch": 4}),
 ]
-#: `meshplan compare` without --sweep: the baseline and one plan per parallelism (4 runs).
-DEFAULT_PLANS = (0, 3, 4, 5)
+#: `meshplan compare` without --sweep: the baseline and one plan per parallelism (5 runs).
+DEFAULT_PLANS = (0, 3, 4, 5, 17)
 #: The reduced set the tests run: 1 rank, DP and PP on 2 ranks.
 REDUCED_PLANS = (0, 3, 5)
 def _ms(seconds: float) -> str:
