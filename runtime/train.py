@@ -163,9 +163,10 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
     check_plan(model, plan)
     if (problem := cluster_block_error(pf)) is not None:
         raise PlanError(problem)
-    if plan.sequence_parallel and model.seq_len % plan.tp:
-        raise PlanError(f"sequence_parallel shards seq_len={model.seq_len} over tp={plan.tp}, "
-                        f"which does not divide it; use seq_len a multiple of {plan.tp}")
+    if plan.sequence_parallel and (model.seq_len // plan.cp) % plan.tp:
+        raise PlanError(f"sequence_parallel shards the seq_len/cp = {model.seq_len // plan.cp} "
+                        f"tokens of a rank over tp={plan.tp}, which does not divide them; use "
+                        f"seq_len a multiple of cp*tp = {plan.cp * plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
     return pf, read_corpus(config.data, model.seq_len)

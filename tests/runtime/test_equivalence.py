@@ -13,6 +13,7 @@ by a sizeable fraction of the learning rate).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import time
 import pytest
 import torch
 
+from planner.presets import load_model
 from runtime.launch import run_plan
 from runtime.reference import reference_run
 
@@ -156,6 +158,8 @@ def test_cp2_matches_single_process_across_a_checkpoint_resume(write_plan, tiny_
     pytest.param("cp2-dp2", {"cp": 2, "dp": 2, "micro_batch": 1}, id="cp2-dp2"),
     # TP inside each cp rank: the ring runs on each rank's local heads
     pytest.param("cp2-tp2", {"cp": 2, "tp": 2}, id="cp2-tp2"),
+    # two pipeline stages, each ring over its own cp pair; 4 micro-batches of 2
+    pytest.param("cp2-pp2", {"cp": 2, "pp": 2, "schedule": "1f1b"}, id="cp2-pp2"),
 ])
 def test_context_parallel_pairs_match_single_process(write_plan, tiny_plan, tmp_path,
                                                      reference_state, name, changes):
@@ -245,3 +249,17 @@ def test_unbuildable_model_fails_on_every_rank_with_one_line(write_plan, tiny_mo
     assert {ln[:28] for ln in errors} <= {"meshplan run: error (rank 0)",
                                           "meshplan run: error (rank 1)"}
     assert all("vocab_size=128 is too small for byte tokens" in ln for ln in errors)
+
+
+def test_sequence_parallel_under_cp_needs_tp_to_divide_the_local_tokens(write_plan, tiny_plan,
+                                                                         tmp_path):
+    # seq 20 over cp = 2: 10 tokens per rank, which tp = 4 cannot shard (20 alone it could)
+    plan = tiny_plan(tp=4, cp=2, sequence_parallel=True)
+    path = write_plan("sp-cp", plan, load_model("tiny-gpt").replace(seq_len=20))
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.train", str(path), "--steps", "1", "--out",
+         str(tmp_path / "run")], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "WORLD_SIZE": "8"})
+    assert result.returncode == 2
+    assert "seq_len/cp = 10 tokens of a rank over tp=4" in result.stderr
+    assert "multiple of cp*tp = 8" in result.stderr
