@@ -17,6 +17,9 @@ COLUMNS = {"id": ("id", None), "model": ("model", None), "num_gpus": ("gpus", No
            "predicted_step_time_s": ("predicted", fmt_time_s),
            "reference_step_time_s": ("reference", fmt_time_s),
            "rel_error": ("error", lambda x: f"{100 * x:+.1f}%")}
+#: The table of ``--context-parallel``: the cp degree and the sequence length beside the rest.
+CP_COLUMNS = {**{k: v for k, v in COLUMNS.items() if k != "dp"}, "dp": ("dp", None),
+              "cp": ("cp", None), "seq_len": ("seq", None)}
 
 
 def defaults_used(rows: list[dict], show: int = 6) -> list[str]:
@@ -183,7 +186,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print_loso(Console(), entries, args.loso_iters)
             print_moe(Console(), moe)
         return 0
-    result = validate_runs(args.runs)
+    only_cp = getattr(args, "context_parallel", False)
+    result = validate_runs(args.runs, keep=(lambda case: case.plan.cp > 1) if only_cp else None)
     if getattr(args, "csv", None):
         write_csv(result["rows"], args.csv)
     if getattr(args, "plot", None) and result["rows"]:
@@ -208,7 +212,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     import pandas as pd
     df = pd.DataFrame(result["rows"])
-    print_table(console, df, f"{args.runs}: predicted vs reference step time", COLUMNS,
+    title = "context-parallel rows (cp > 1)" if only_cp else "predicted vs reference step time"
+    print_table(console, df, f"{args.runs}: {title}", CP_COLUMNS if only_cp else COLUMNS,
                 limit=args.top)
     worst = max(result["rows"], key=lambda r: abs(r["rel_error"]))
     console.print(f"{len(df)} rows  MAPE {fmt_pct(result['mape'])}  worst {worst['id']} "
@@ -243,6 +248,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--by", metavar="FIELD[,FIELD]", help="also print the error grouped by "
                     "plan or model fields, e.g. --by hidden,tp,micro_batch (bias, MAPE and "
                     "spread per group)")
+    sv.add_argument("--context-parallel", action="store_true", help="only the rows with "
+                    "cp > 1: their own table and MAPE (with their cp and sequence length)")
     sv.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sv.add_argument("--csv", metavar="FILE", help="also write the rows as CSV (SI units)")
     sv.add_argument("--loso", action="store_true", help="instead: per source (paper or "

@@ -156,16 +156,14 @@ def plan_from_dict(fields: dict) -> Plan:
 
 
 def check_runnable(plan: Plan) -> None:
-    """Raise `PlanError` when the runtime cannot execute ``plan``: context parallelism
-    (cp > 1) is simulated and planned but not executed, nor is the ZB-H2 schedule."""
+    """Raise `PlanError` when the runtime cannot execute ``plan``: every plan `check_plan`
+    accepts runs, context parallelism included (ring attention, `runtime.parallel.cp`), except
+    the ZB-H2 schedule; `meshplan run`, `meshplan launch` and the app call this one place so
+    that such a plan is refused before any worker starts."""
     if plan.schedule == "zb-h2":
         raise PlanError(f"plan {plan.id} has schedule='zb-h2': torch.distributed.pipelining "
                         f"has no ZB-H2 schedule, so the runtime does not execute it; use "
                         f"schedule='zb-v' or 'zb-h1'")
-    if plan.cp > 1:
-        raise PlanError(f"plan {plan.id} has cp={plan.cp}: the runtime does not execute "
-                        f"context parallelism (the simulator and planner model it); emit the "
-                        f"plan with --fix cp=1 to run it")
 
 
 def write_plan_file(path: str | Path, plan_file: PlanFile) -> Path:

@@ -146,16 +146,16 @@ class TiledAttention(torch.autograd.Function):
 
 
 def _forward(qr, k, v, causal, block_q, block_k, scale, groups):
-    """Algorithm 1 on fp32 rows: qr (B, Hk, N·g, d), k/v (B, Hk, M, d) ->
-    (o (B, Hk, N·g, d), lse (B, Hk, N·g))."""
+    """Algorithm 1 on rows (fp32, or fp64 for fp64 inputs): qr (B, Hk, N·g, d), k/v
+    (B, Hk, M, d) -> (o (B, Hk, N·g, d), lse (B, Hk, N·g)), both in qr's dtype."""
     n, m = qr.shape[2] // groups, k.shape[2]
     o = torch.empty_like(qr)                                   # (B, Hk, N·g, d)
-    lse = torch.empty(qr.shape[:3], dtype=torch.float32, device=qr.device)
+    lse = torch.empty(qr.shape[:3], dtype=qr.dtype, device=qr.device)     # (B, Hk, N·g)
     kt = k.transpose(2, 3)                                     # (B, Hk, d, M)
     for qs in range(0, n, block_q):
         qe = min(qs + block_q, n)
         q_blk = qr[:, :, qs * groups:qe * groups]              # (B, Hk, R, d), R = bq·g
-        row_max = torch.full(q_blk.shape[:3], -math.inf, device=qr.device)   # (B, Hk, R)
+        row_max = torch.full(q_blk.shape[:3], -math.inf, dtype=qr.dtype, device=qr.device)
         row_sum = torch.zeros_like(row_max)                    # (B, Hk, R)
         acc = torch.zeros_like(q_blk)                          # (B, Hk, R, d)
         for ks in _key_blocks(qs, qe, m, block_k, causal):

@@ -22,6 +22,7 @@ from torch import nn
 from planner.spec import ModelSpec
 from runtime.attention import flash_attention
 from runtime.moe import MoE
+from runtime.ring_attention import ring_attention
 
 #: Standard deviation of the normal init of matrices and embeddings (GPT-2).
 INIT_STD = 0.02
@@ -49,6 +50,10 @@ class Attention(nn.Module):
         impl: "sdpa" (``F.scaled_dot_product_attention``; KV heads repeated to match the query
             heads) or "tiled" (`runtime.attention.flash_attention`, which reads the shared KV
             heads directly).
+
+    ``cp_group`` (set by `runtime.parallel.cp.apply_cp`): under context parallelism the tokens
+    are this rank's load-balanced share of the sequence and attention is the ring over that
+    group (`runtime.ring_attention`, our FlashAttention-2 tiles whatever ``impl`` says).
     """
 
     def __init__(self, spec: ModelSpec, impl: str = "sdpa") -> None:
@@ -61,22 +66,25 @@ class Attention(nn.Module):
         self.wk = nn.Linear(spec.hidden, spec.kv_hidden, bias=False)
         self.wv = nn.Linear(spec.hidden, spec.kv_hidden, bias=False)
         self.wo = nn.Linear(spec.hidden, spec.hidden, bias=False)
+        self.cp_group = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, h) -> (B, T, h)."""
+        """(B, T, h) -> (B, T, h); T is the local T/cp tokens under context parallelism."""
         b, t, _ = x.shape
         d = self.head_dim
         q = self.wq(x).view(b, t, -1, d).transpose(1, 2)     # (B, a, T, d)
         k = self.wk(x).view(b, t, -1, d).transpose(1, 2)     # (B, k, T, d)
         v = self.wv(x).view(b, t, -1, d).transpose(1, 2)     # (B, k, T, d)
-        if self.impl == "tiled":
+        if self.cp_group is not None:
+            o = ring_attention(q, k, v, self.cp_group)        # (B, a, T, d)
+        elif self.impl == "tiled":
             o = flash_attention(q, k, v, causal=True)         # (B, a, T, d)
-            return self.wo(o.transpose(1, 2).reshape(b, t, -1))
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:                                        # GQA: repeat each KV head
-            k = k.repeat_interleave(groups, dim=1)            # (B, a, T, d)
-            v = v.repeat_interleave(groups, dim=1)            # (B, a, T, d)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, a, T, d)
+        else:
+            groups = q.shape[1] // k.shape[1]
+            if groups > 1:                                    # GQA: repeat each KV head
+                k = k.repeat_interleave(groups, dim=1)        # (B, a, T, d)
+                v = v.repeat_interleave(groups, dim=1)        # (B, a, T, d)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, a, T, d)
         o = o.transpose(1, 2).reshape(b, t, -1)               # (B, T, a·d)
         return self.wo(o)                                     # (B, T, h)
 
@@ -152,6 +160,9 @@ class Transformer(nn.Module):
         self.out = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.out.weight = self.tok.weight
+        #: Global positions of the tokens this rank holds (context parallelism,
+        #: `runtime.parallel.cp.apply_cp`); None: positions 0 .. T-1.
+        self.position_ids: torch.Tensor | None = None
         self.init_weights(seed)
 
     @torch.no_grad()
@@ -174,7 +185,8 @@ class Transformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) int64 -> logits (B, T, V); on a pipeline stage (B, T, h) in or out."""
         if self.tok is not None:
-            positions = torch.arange(x.shape[1], device=x.device)     # (T,)
+            positions = (torch.arange(x.shape[1], device=x.device) if self.position_ids is None
+                         else self.position_ids)                      # (T,)
             x = self.tok(x) + self.pos(positions)                     # (B, T, h)
         for layer in self.layers.values():
             x = layer(x)                                              # (B, T, h)

@@ -16,6 +16,8 @@ pipelining `parallelize` applies the same three to the whole model.
 - EP (`runtime.parallel.ep`): the MoE blocks' experts sharded over the ``ep`` axis of the
   expert mesh (`runtime.parallel.ep.build_expert_mesh`, the dp axis unflattened into edp × ep),
   tokens dispatched with all-to-all; applied after recomputation, before DP.
+- CP (`runtime.parallel.cp`): ring attention over the cp dim, load-balanced sequence chunks;
+  DP then reduces over the flattened dp × cp dim.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch.distributed.pipelining import PipelineStage
 from planner.mesh import mesh_dims, mesh_shape
 from planner.spec import Plan, PlanError
 from runtime.model import Transformer
+from runtime.parallel.cp import apply_cp, data_parallel_mesh
 from runtime.parallel.dp import apply_dp
 from runtime.parallel.ep import apply_ep
 from runtime.parallel.pp import apply_pp
@@ -62,8 +65,8 @@ def vocab_parallel_loss(plan: Plan) -> bool:
 
 def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh,
                 expert_mesh: DeviceMesh | None = None) -> nn.Module:
-    """The plan's TP, recomputation, EP (when ``expert_mesh`` is given) and DP applied to
-    ``module`` (a whole model or a stage).
+    """The plan's TP, CP, recomputation, EP (when ``expert_mesh`` is given) and DP applied to
+    ``module`` (a whole model or a stage); DP runs over dp × cp ranks when cp > 1.
 
     Returns:
         The module to run: ``module`` itself (maybe an ``FSDPModule`` now), or its DDP wrapper.
@@ -71,11 +74,13 @@ def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh,
     if plan.tp > 1:
         apply_tp(module, mesh["tp"], sequence_parallel=plan.sequence_parallel,
                  loss_parallel=vocab_parallel_loss(plan))
+    if plan.cp > 1:
+        apply_cp(module, mesh["cp"])
     apply_recompute(module, plan.recompute)
     if expert_mesh is not None:
         apply_ep(module, expert_mesh["ep"])
-    if plan.dp > 1 or plan.zero_stage > 0:
-        module = apply_dp(module, mesh["dp"], zero_stage=plan.zero_stage)
+    if plan.dp_cp > 1 or plan.zero_stage > 0:
+        module = apply_dp(module, data_parallel_mesh(mesh), zero_stage=plan.zero_stage)
     return module
 
 

@@ -50,6 +50,7 @@ from runtime.checkpoint import (
 )
 from runtime.config import TrainConfig
 from runtime.faults import Injector, faults_error, parse_faults, plan_file_faults
+from runtime.parallel.cp import cp_rank, cp_size
 
 
 def fault_args_error(config: TrainConfig, world: int | None = None,
@@ -162,7 +163,7 @@ class Resilience:
     Args:
         config: the run's `TrainConfig` (the fault-tolerance options, ``out_dir``, ``steps``).
         modules / optimizer: this rank's parallel modules and their optimizer.
-        mesh: the run's DeviceMesh (axes "pp", "dp", "tp").
+        mesh: the run's DeviceMesh (axes "pp", "dp", "tp", and "cp" when cp > 1).
         batches: the run's `runtime.data.ByteBatches`.
         dp: the plan's data-parallel degree.
     """
@@ -174,10 +175,11 @@ class Resilience:
         self.out = Path(config.out_dir)
         self.restart = attempt_number()      # torchrun's restart count of this launch
         self.dp_rank = mesh["dp"].get_local_rank()
-        self.mesh_shape = {axis: mesh[axis].size() for axis in ("pp", "dp", "tp")}
-        # one writer per DP rank: its first TP peer of the first pipeline stage
+        axes = ("pp", "dp", "tp") + (("cp",) if cp_size(mesh) > 1 else ())
+        self.mesh_shape = {axis: mesh[axis].size() for axis in axes}
+        # one writer per DP rank: its first TP (and CP) peer of the first pipeline stage
         self.writes_consumed = mesh["tp"].get_local_rank() == 0 and \
-            mesh["pp"].get_local_rank() == 0
+            mesh["pp"].get_local_rank() == 0 and cp_rank(mesh) == 0
         self.ckpt_dir = Path(config.checkpoint_dir or self.out / "checkpoints")
         self.events = self.out / "faults" / "events.jsonl"
         # a resume into the run folder that wrote the checkpoint continues that job's records

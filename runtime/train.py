@@ -54,6 +54,7 @@ from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
 from runtime.moe import runtime_moe_error, set_aux_grad_scale
+from runtime.parallel.cp import cp_rank
 from runtime.parallel.dp import gradient_sync
 from runtime.parallel.ep import (
     build_expert_mesh,
@@ -71,6 +72,7 @@ from runtime.parallelize import (
 from runtime.params import save_full_parameters
 from runtime.precision import apply_float8
 from runtime.resilience import Resilience, StopTraining, fault_args_error, resume_folder
+from runtime.ring_attention import shard_sequence
 
 __all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
 
@@ -155,9 +157,9 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
     has checked its own fields on construction).
 
     Raises:
-        PlanError: invalid plan, context parallelism (not executed), vocabulary too small for
-            bytes, sequence parallelism over a length tp does not divide, world size !=
-            tp·pp·dp, or an MoE plan the runtime does not execute (`moe_plan_error`).
+        PlanError: invalid plan, vocabulary too small for bytes, sequence parallelism over a
+            length tp does not divide, world size != tp·cp·pp·dp, or an MoE plan the runtime
+            does not execute (`moe_plan_error`).
         FileNotFoundError / ValueError: missing or too short ``--data``.
     Returns:
         (the plan file, its plan with ``--ep`` applied; the corpus tokens).
@@ -174,9 +176,10 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
     check_plan(model, plan)
     if (problem := cluster_block_error(pf)) is not None:
         raise PlanError(problem)
-    if plan.sequence_parallel and model.seq_len % plan.tp:
-        raise PlanError(f"sequence_parallel shards seq_len={model.seq_len} over tp={plan.tp}, "
-                        f"which does not divide it; use seq_len a multiple of {plan.tp}")
+    if plan.sequence_parallel and (model.seq_len // plan.cp) % plan.tp:
+        raise PlanError(f"sequence_parallel shards the seq_len/cp = {model.seq_len // plan.cp} "
+                        f"tokens of a rank over tp={plan.tp}, which does not divide them; use "
+                        f"seq_len a multiple of cp*tp = {plan.cp * plan.tp}")
     if model.vocab_size < 256:
         raise PlanError(f"vocab_size={model.vocab_size} is too small for byte tokens; use >= 256")
     if (problem := moe_plan_error(model, plan)) is not None:
@@ -189,6 +192,9 @@ def moe_plan_error(model, plan) -> str | None:
     (`runtime.moe.runtime_moe_error`, `runtime.parallel.ep.expert_parallel_error`; sequence
     parallelism of MoE blocks is not executed, and under TP they stay whole on every rank).
     The planner's expert rules are `planner.spec.check_plan`'s."""
+    if plan.ep > 1 and plan.cp > 1:
+        return (f"plan {plan.id} has ep={plan.ep} and cp={plan.cp}: the runtime does not run "
+                f"expert parallelism with context parallelism; use cp=1 or ep=1")
     if model.is_moe and plan.sequence_parallel:
         return (f"plan {plan.id} has sequence_parallel=True: the runtime does not run "
                 f"mixture-of-experts blocks on sequence shards; use sequence_parallel=false")
@@ -214,24 +220,29 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: s
     The step function takes this DP rank's (B/dp, T) inputs and targets and returns this rank's
     share of the global mean loss (all ranks' shares sum to it). Under expert parallelism
     (``expert_mesh``, `runtime.parallel.ep.build_expert_mesh`) it also reduces the experts'
-    gradients (`reduce_expert_grads`).
+    gradients (`reduce_expert_grads`); under context parallelism it keeps this cp rank's
+    load-balanced T/cp tokens of both (`runtime.parallel.cp`).
     """
     modules, step = _build_step(pf, mesh, device, seed, attention, expert_mesh)
-    if expert_mesh is None:
+    if expert_mesh is not None:
+        edp_mesh = expert_mesh["edp"]
+        edp = edp_mesh.get_group() if edp_mesh.size() > 1 else None
+        local_step = step
+
+        def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            share = local_step(inputs, targets)
+            reduce_expert_grads(modules, edp, pf.plan.dp)
+            return share
+    if pf.plan.cp == 1:
         return modules, step
-    edp_mesh = expert_mesh["edp"]
-    edp = edp_mesh.get_group() if edp_mesh.size() > 1 else None
-
-    def step_and_reduce_experts(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        share = step(inputs, targets)
-        reduce_expert_grads(modules, edp, pf.plan.dp)
-        return share
-
-    return modules, step_and_reduce_experts
+    cp, rank = pf.plan.cp, cp_rank(mesh)
+    return modules, lambda inputs, targets: step(shard_sequence(inputs, cp, rank),
+                                                 shard_sequence(targets, cp, rank))
 
 
 def _build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: str,
                 expert_mesh) -> tuple[list[torch.nn.Module], StepFn]:
+    """`build_step` on the full (or this cp rank's) sequence."""
     model = Transformer(pf.model, seed=seed, attention=attention).to(device)
     apply_float8(model, pf.plan.dtype)   # FP8 plans: torchao float8 linears (CUDA only)
     plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
@@ -282,10 +293,10 @@ def _accumulation_step(module, plan, amp, vocab_loss: bool) -> StepFn:
 
 
 def _pipeline_step(stages, schedule, plan, amp, device) -> StepFn:
-    """One pipeline schedule step; the last stage's ranks (dp·tp of them) hold the losses."""
+    """One pipeline schedule step; the last stage's ranks (dp·cp·tp of them) hold the losses."""
     indices = {stage.stage_index for stage in stages}
     is_first, is_last = 0 in indices, plan.pp * plan.virtual_stages - 1 in indices
-    share = 1.0 / (plan.dp * plan.tp)
+    share = 1.0 / (plan.dp_cp * plan.tp)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []

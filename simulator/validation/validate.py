@@ -70,6 +70,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -586,10 +587,11 @@ def predict(case: RunCase, *, fast: bool = False) -> float:
                options=case.options).step_time_s
 
 
-def validate_runs(path: str | Path) -> dict:
-    """Predicted vs reference step time of every row, with MAPE and the worst row.
+def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = None) -> dict:
+    """Predicted vs reference step time of every row (or of the rows ``keep`` accepts, e.g.
+    the context-parallel ones), with MAPE and the worst row.
 
-    Returns ``{"rows": [{"id", "model", "num_gpus", "tp", "pp", "dp",
+    Returns ``{"rows": [{"id", "model", "num_gpus", "tp", "pp", "dp", "cp", "seq_len",
     "predicted_step_time_s", "reference_step_time_s", "rel_error", "flags"}, ...],
     "mape", "mean_error", "max_abs_rel_error", "spearman", "skipped": [{"id", "reason"},
     ...]}`` (the figures of `simulator.validation.report.error_summary`); rel_error =
@@ -602,6 +604,8 @@ def validate_runs(path: str | Path) -> dict:
     rows: list[dict] = []
     skipped: list[dict] = []
     for case in read_runs(path, skipped):
+        if keep is not None and not keep(case):
+            continue
         try:
             pred = predict(case)
         except PlanError as exc:
@@ -610,7 +614,8 @@ def validate_runs(path: str | Path) -> dict:
         ref = case.reference_step_time_s
         p = case.plan
         rows.append({"id": case.id, "model": case.model.name, "num_gpus": p.world_size,
-                     "tp": p.tp, "pp": p.pp, "dp": p.dp, "predicted_step_time_s": pred,
+                     "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp,
+                     "seq_len": case.model.seq_len, "predicted_step_time_s": pred,
                      "reference_step_time_s": ref, "rel_error": rel_error(pred, ref),
                      "flags": list(case.flags)})
     report = error_summary(rows)

@@ -32,6 +32,7 @@ def test_sweep_covers_every_parallelism_and_feature():
     assert any(p.pp == 2 and p.dp == 2 and p.num_microbatches == 2 for _, p in plans)
     assert {p.recompute for _, p in plans} == {"none", "full"}
     assert any(p.zero_stage == 3 for _, p in plans)
+    assert any(p.cp == 2 for _, p in plans)                # ring attention
     assert len({p.num_microbatches for _, p in plans}) >= 3
     assert len(SWEEP) == len(plans)
 

@@ -13,6 +13,7 @@ by a sizeable fraction of the learning rate).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import time
 import pytest
 import torch
 
+from planner.presets import load_model
 from runtime.launch import run_plan
 from runtime.reference import reference_run
 
@@ -136,6 +138,51 @@ def test_four_rank_pairs_match_single_process(write_plan, tiny_plan, tmp_path, r
     run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
 
 
+def test_cp2_matches_single_process_across_a_checkpoint_resume(write_plan, tiny_plan,
+                                                               tmp_path, reference_state):
+    # ring attention over 2 ranks, each holding chunks (0, 3) or (1, 2) of every sequence;
+    # 6 steps, a DCP checkpoint, then a second launch resumes it for steps 7..10
+    path = write_plan("cp2", tiny_plan(cp=2))
+    first = run_plan(path, steps=6, out_dir=tmp_path / "cp2", quiet=True, timeout_s=180,
+                     checkpoint_every=6)
+    params = tmp_path / "cp2.pt"
+    resumed = run_plan(path, steps=STEPS, out_dir=tmp_path / "cp2-resumed", quiet=True,
+                       timeout_s=180, resume=tmp_path / "cp2" / "checkpoints",
+                       save_params=params)
+    assert_same_losses(first["losses"] + resumed["losses"], reference_state[0])
+    assert_same_params(params, reference_state[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, changes", [
+    pytest.param("cp2-dp2", {"cp": 2, "dp": 2, "micro_batch": 1}, id="cp2-dp2"),
+    # TP inside each cp rank: the ring runs on each rank's local heads
+    pytest.param("cp2-tp2", {"cp": 2, "tp": 2}, id="cp2-tp2"),
+    # two pipeline stages, each ring over its own cp pair; 4 micro-batches of 2
+    pytest.param("cp2-pp2", {"cp": 2, "pp": 2, "schedule": "1f1b"}, id="cp2-pp2"),
+])
+def test_context_parallel_pairs_match_single_process(write_plan, tiny_plan, tmp_path,
+                                                     reference_state, name, changes):
+    run_and_compare(write_plan, tmp_path, name, tiny_plan(**changes), reference_state)
+
+
+@pytest.mark.slow
+def test_meshplan_runs_the_best_cp_plan_of_tiny_gpt_at_seq_512_on_two_ranks(tmp_path):
+    # the planner searches cp from 16K tokens on, so cp is fixed; its best cp plan then runs
+    plan = tmp_path / "cp.yaml"
+    cli = [sys.executable, "-m", "apps.cli"]
+    made = subprocess.run([*cli, "plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu",
+                           "--ranks", "2", "--seq-len", "512", "--fix", "cp=2", "--out",
+                           str(plan)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    ran = subprocess.run([*cli, "run", str(plan), "--steps", "2", "--out", str(tmp_path / "run"),
+                          "--json"], capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    summary = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert summary["plan_id"].startswith("tp1-cp2-pp1-dp1") and summary["steps"] == 2
+    assert summary["world_size"] == 2
+
+
 def test_world_size_mismatch_fails_fast_with_one_line(write_plan, tiny_plan, tmp_path):
     path = write_plan("mismatch", tiny_plan(dp=2))
     start = time.monotonic()
@@ -202,3 +249,17 @@ def test_unbuildable_model_fails_on_every_rank_with_one_line(write_plan, tiny_mo
     assert {ln[:28] for ln in errors} <= {"meshplan run: error (rank 0)",
                                           "meshplan run: error (rank 1)"}
     assert all("vocab_size=128 is too small for byte tokens" in ln for ln in errors)
+
+
+def test_sequence_parallel_under_cp_needs_tp_to_divide_the_local_tokens(write_plan, tiny_plan,
+                                                                         tmp_path):
+    # seq 20 over cp = 2: 10 tokens per rank, which tp = 4 cannot shard (20 alone it could)
+    plan = tiny_plan(tp=4, cp=2, sequence_parallel=True)
+    path = write_plan("sp-cp", plan, load_model("tiny-gpt").replace(seq_len=20))
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.train", str(path), "--steps", "1", "--out",
+         str(tmp_path / "run")], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "WORLD_SIZE": "8"})
+    assert result.returncode == 2
+    assert "seq_len/cp = 10 tokens of a rank over tp=4" in result.stderr
+    assert "multiple of cp*tp = 8" in result.stderr

@@ -128,3 +128,20 @@ def test_llama3_rows_get_llama3_defaults(tmp_path):
     preset = load_model("llama3-8b")
     assert (model.ffn_hidden, model.num_kv_heads, model.vocab_size) == \
         (preset.ffn_hidden, preset.num_kv_heads, preset.vocab_size)
+
+
+def test_context_parallel_rows_get_their_own_table(tmp_path, capsys):
+    # a cp = 2 row and a cp = 1 row: `validate --context-parallel` keeps only the first, and
+    # its MAPE is that row's |rel_error| (the definition of the mean over one row)
+    import json
+
+    from apps.cli import main
+    path = _write(tmp_path, [_row(id="c", gpu="H100 SXM", num_gpus=16, tp=1, cp=2, dp=8,
+                                  seq_len=8192, global_batch=16, micro_batch=1),
+                             _row(id="d", gpu="H100 SXM")])
+    assert main(["validate", "--runs", str(path), "--context-parallel", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in result["rows"]] == ["c"]
+    assert (result["rows"][0]["cp"], result["rows"][0]["seq_len"]) == (2, 8192)
+    assert result["mape"] == pytest.approx(abs(result["rows"][0]["rel_error"]))
+    assert [r["id"] for r in validate_runs(path)["rows"]] == ["c", "d"]

@@ -44,7 +44,7 @@ def test_mape_does_not_regress(results, name):
 
 
 def test_every_row_has_the_json_fields(results):
-    keys = {"id", "model", "num_gpus", "tp", "pp", "dp", "predicted_step_time_s",
+    keys = {"id", "model", "num_gpus", "tp", "pp", "dp", "cp", "seq_len", "predicted_step_time_s",
             "reference_step_time_s", "rel_error", "flags"}
     for result in results.values():
         assert all(set(row) == keys for row in result["rows"])
