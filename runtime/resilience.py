@@ -50,6 +50,8 @@ from runtime.checkpoint import (
 )
 from runtime.config import TrainConfig
 from runtime.faults import Injector, faults_error, parse_faults, plan_file_faults
+from runtime.health import StragglerDetector, job_stragglers, straggler_line
+from runtime.interrupts import signal_name
 
 
 def fault_args_error(config: TrainConfig, world: int | None = None,
@@ -196,12 +198,16 @@ class Resilience:
             self._event("attempt_start", launch_restart=self.restart)
         dist.barrier()
         self.injector = Injector(parse_faults(all_fault_specs(config)), self.rank, self.out)
-        self.checkpoints = None
-        if config.checkpoint_every or config.resume:
-            self.checkpoints = CheckpointManager(
-                self.ckpt_dir, modules, optimizer, keep=config.keep,
-                asynchronous=not config.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
-                timeout_s=config.timeout_s or 120.0)
+        self.health = StragglerDetector(threshold=config.straggler_threshold,
+                                        window=config.straggler_window)
+        self.evicted: dict | None = None
+        self.interrupted: str | None = None
+        # an eviction or a stop signal checkpoints the step it stopped at, with or without
+        # --checkpoint-every
+        self.checkpoints = CheckpointManager(
+            self.ckpt_dir, modules, optimizer, keep=config.keep,
+            asynchronous=not config.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
+            timeout_s=config.timeout_s or 120.0)
         self.done = 0                  # steps done (the next step is done + 1)
         self.records: list[dict] = []
         self.skipped_steps: list[int] = []
@@ -349,9 +355,16 @@ class Resilience:
         path.write_text("".join(x + "\n" for x in kept))
 
     # -- after each step -----------------------------------------------------------------------
-    def after_step(self, step: int, loss: float) -> None:
-        """Record step ``step`` (1-based), stop on NaN if asked, checkpoint every K steps.
+    def after_step(self, step: int, loss: float, compute_s: list[float] | None = None,
+                   stop_signal: int = 0) -> str | None:
+        """Record step ``step`` (1-based), stop on NaN if asked, checkpoint every K steps,
+        and feed the straggler detector with the step's per-rank compute times.
 
+        Returns:
+            "evict" when a straggler was confirmed under ``--on-straggler evict``, "stop" when
+            a rank received ``stop_signal`` (SIGTERM / SIGINT, `runtime.interrupts`): the
+            state after this step is checkpointed (landed) and the caller stops training;
+            else None.
         Raises:
             StopTraining: the loss is NaN and ``--on-nan stop``.
         """
@@ -363,27 +376,70 @@ class Resilience:
         if self.rank == 0:
             self._event("step", step=step)
         if not math.isfinite(loss) and self.config.on_nan == "stop":
-            message = (f"loss is {loss} at step {step}; stopping (--on-nan stop; use --on-nan "
-                       "skip to skip such steps)")
-            if self.rank == 0:
-                self._event("stopped", step=step, error=message)
-                summary = {"error": message, "steps": len(self.records),
-                           "losses": [r["loss"] for r in self.records]}
-                (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            raise StopTraining(message)
+            self._stop(step, f"loss is {loss} at step {step}; stopping (--on-nan stop; use "
+                             "--on-nan skip to skip such steps)")
         every = self.config.checkpoint_every
-        if self.checkpoints is not None and every and (step % every == 0
-                                                       or step == self.config.steps):
-            batch = self.batches.global_batch
-            extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
-                     "samples_consumed": step * (batch // self.dp),
-                     "global_samples_consumed": step * batch, "global_batch": batch,
-                     "mesh_shape": self.mesh_shape}
-            self._log_checkpoint()
-            self.checkpoints.save(step, extra)
+        saved = self.checkpoints is not None and every and (step % every == 0
+                                                           or step == self.config.steps)
+        if saved:
+            self._save(step)
+        if stop_signal and step < self.config.steps:
+            if not saved:
+                self._save(step)
+            self.checkpoints.wait_landed()
+            self.interrupted = signal_name(stop_signal)
             if self.rank == 0:
-                self._event("checkpoint", step=step, blocking_s=self.checkpoints.blocking_s[-1])
-            self._unlogged_checkpoint = step
+                self._event("interrupted", step=step, signal=self.interrupted)
+            return "stop"
+        return self._check_health(step, compute_s or [], saved=bool(saved))
+
+    def _check_health(self, step: int, compute_s: list[float], *, saved: bool) -> str | None:
+        """Log stragglers confirmed at ``step``; under ``--on-straggler evict``, checkpoint
+        the step (unless ``saved``), wait for it to land and return "evict"."""
+        found = self.health.observe(step, compute_s)
+        for straggler in found if self.rank == 0 else []:
+            print(straggler_line(straggler), flush=True)
+            self._event("straggler", **straggler)
+        if not found or self.config.on_straggler != "evict" or step == self.config.steps:
+            return None
+        if not saved:
+            self._save(step)
+        self.checkpoints.wait_landed()
+        self.evicted = {"step": step, "ranks": [f["rank"] for f in found],
+                        "stragglers": found}
+        if self.rank == 0:
+            self._event("evict", **self.evicted)
+        return "evict"
+
+    def _stop(self, step: int, message: str) -> None:
+        """End the run on purpose after ``step``: rank 0 writes the error into summary.json;
+        every rank raises `StopTraining` (exit 0, so torchrun spends no restart on it)."""
+        if self.rank == 0:
+            self._event("stopped", step=step, error=message)
+            summary = {"error": message, "steps": len(self.records),
+                       "losses": [r["loss"] for r in self.records]}
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        raise StopTraining(message)
+
+    def _save(self, step: int) -> None:
+        """Checkpoint the state after ``step`` with this rank's data position and RNG.
+
+        Raises:
+            StopTraining: the checkpoint folder cannot be written any more (a restart would
+                meet the same folder, so it is not worth one).
+        """
+        if (problem := checkpoint_folder_error(self.ckpt_dir)) is not None:
+            self._stop(step, f"after step {step}: {problem}")
+        batch = self.batches.global_batch
+        extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
+                 "samples_consumed": step * (batch // self.dp),
+                 "global_samples_consumed": step * batch, "global_batch": batch,
+                 "mesh_shape": self.mesh_shape}
+        self._log_checkpoint()
+        self.checkpoints.save(step, extra)
+        if self.rank == 0:
+            self._event("checkpoint", step=step, blocking_s=self.checkpoints.blocking_s[-1])
+        self._unlogged_checkpoint = step
 
     def _log_checkpoint(self) -> None:
         """Log the previous save's final blocking time (after its staging wait)."""
@@ -404,6 +460,8 @@ class Resilience:
         that this attempt finished."""
         self._event("finished", step=self.done)
         return job_accounting(self._read_events(), self.records) | {
+            "stragglers": job_stragglers(self._read_events()), "evicted": self.evicted,
+            "interrupted": self.interrupted,
             "skipped_steps": self.skipped_steps, "checkpoint_fallbacks": self.fallbacks,
             "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.config))]}
 

@@ -1,0 +1,135 @@
+"""Faults from outside the training loop: a signal to `meshplan run`, a killed torchrun agent, a
+hung rank's peers timing out.
+
+- **A signal** (SIGTERM, or Ctrl-C's SIGINT) to `meshplan run` is forwarded as SIGTERM to
+  torchrun's process group (`forward_signals`): torchrun and its workers live in their own
+  session (`runtime.launch`), so without it they would train on as orphans. A worker does not
+  die on it (`StopRequest`): it finishes its step, and since every rank's request travels in
+  the step's closing all-gather (`runtime.train.gather_step_stats`), all ranks stop after the
+  same step, checkpoint it, write the summary and exit 0 (torchrun waits 30 s for its workers
+  after forwarding a signal, far longer than a step here).
+- **A killed agent** (torchrun SIGKILLed) leaves its workers running; they finish and write
+  ``summary.json``. `finished_summary` recognises that the job finished although torchrun's
+  exit status says otherwise.
+- **A hung rank** stops answering collectives; its peers' collectives time out (or see the
+  first peer that timed out go away) and raise. Each rank that fails in a collective records
+  it (`record_collective_error`) before it dies; the hung rank is the one that did not
+  (`hung_ranks`): it was alive and silent while every peer waited for it. torchrun's own
+  report names the first rank that *exited*, which is a rank that timed out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+#: Signals a worker turns into a graceful stop, and `meshplan run` forwards.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Words of a collective failure in gloo's and NCCL's errors (timeouts and lost peers).
+COLLECTIVE_ERROR_WORDS = ("timed out", "timeout", "connection closed", "connection reset",
+                          "broken pipe", "watchdog", "peer")
+
+
+class StopRequest:
+    """A worker's record of a stop signal: installs handlers that note the signal instead of
+    dying; ``signum`` is 0 until one arrives."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15 (any signal number)."""
+    return signal.Signals(int(signum)).name
+
+
+@contextlib.contextmanager
+def forward_signals(pgid_of):
+    """While inside: SIGTERM and SIGINT to this process are sent on as SIGTERM to the process
+    group ``pgid_of()`` (None: not started yet). Yields a list that holds the signal numbers
+    received. Outside the main thread (where Python cannot set handlers) it forwards nothing.
+    """
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def forward(signum, frame):
+        got.append(signum)
+        pgid = pgid_of()
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        yield got
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def finished_summary(out: Path, steps: int, started_unix_s: float) -> dict | None:
+    """``out/summary.json`` when this launch's workers wrote it (after ``started_unix_s``)
+    for all ``steps`` steps without an error, else None."""
+    path = Path(out) / "summary.json"
+    try:
+        if path.stat().st_mtime < started_unix_s:
+            return None
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if "error" in summary or summary.get("evicted") or summary.get("interrupted"):
+        return None
+    return summary if summary.get("steps", 0) >= steps else None
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed on a silent or lost peer."""
+    text = str(exc).lower()
+    return type(exc).__name__ == "DistBackendError" or any(
+        w in text for w in COLLECTIVE_ERROR_WORDS)
+
+
+def record_collective_error(out: Path, rank: int, step: int, exc: BaseException) -> None:
+    """Append this rank's collective failure to ``out/faults/collective_errors.jsonl``."""
+    path = Path(out) / "faults" / "collective_errors.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = {"rank": rank, "step": step, "time_unix_s": time.time(),
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "error": str(exc).strip().splitlines()[0][:200] if str(exc).strip() else
+            type(exc).__name__}
+    with path.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def hung_ranks(out: Path, world: int, since_unix_s: float) -> tuple[list[int], list[dict]]:
+    """(ranks that recorded no collective failure while a peer did, the failures) of the
+    attempts that started after ``since_unix_s``, from the last attempt with failures.
+
+    >>> hung_ranks(Path("/nonexistent"), 2, 0.0)
+    ([], [])
+    """
+    path = Path(out) / "faults" / "collective_errors.jsonl"
+    try:
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x]
+    except OSError:
+        return [], []
+    lines = [x for x in lines if x["time_unix_s"] >= since_unix_s]
+    if not lines:
+        return [], []
+    last = max(x["attempt"] for x in lines)
+    errors = [x for x in lines if x["attempt"] == last]
+    failed = {x["rank"] for x in errors}
+    return sorted(set(range(world)) - failed), errors
