@@ -127,6 +127,10 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     if rc != 0 and (done := finished_summary(Path(out_dir), steps, started)) is not None:
         # torchrun itself died (killed), its workers finished the job and wrote the summary
         done["launcher_exit_status"] = rc
+        (Path(out_dir) / "summary.json").write_text(json.dumps(done, indent=2) + "\n")
+        if not quiet:
+            print(f"meshplan run: torchrun exited with status {rc}, but its workers finished "
+                  f"all {steps} steps: the run finished", flush=True)
         return done
     if rc != 0:
         errors = list(dict.fromkeys(error_lines))
