@@ -23,7 +23,8 @@ def run_fault_kwargs(args: argparse.Namespace) -> dict:
             "collective_timeout_s": args.timeout_s, "on_nan": args.on_nan,
             "max_restarts": args.max_restarts,
             "straggler_threshold": args.straggler_threshold,
-            "straggler_window": args.straggler_window, "on_straggler": args.on_straggler}
+            "straggler_window": args.straggler_window, "on_straggler": args.on_straggler,
+            "spares": args.spares, "ranks_per_node": args.ranks_per_node}
 
 
 def restart_line(summary: dict) -> str | None:

@@ -54,6 +54,7 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
     options = {"checkpoint_every": 0, "keep": 2, "resume": None, "inject": [],
                "collective_timeout_s": None, "on_nan": "stop", "max_restarts": 0,
                "straggler_threshold": None, "straggler_window": None, "on_straggler": "warn",
+               "spares": 0, "ranks_per_node": 1,
                **(faults or {})}
     options["resume"] = None if options["resume"] is None else str(options["resume"])
     options["inject"] = list(options["inject"])
@@ -98,6 +99,11 @@ def check_run_args(args) -> None:
     config = TrainConfig.from_args(args, out_dir=str(run_folder(args.out, pf.plan.id)))
     if args.max_restarts < 0:
         raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
+    if args.spares < 0:
+        raise PlanError(f"--spares={args.spares} must be >= 0")
+    if args.ranks_per_node < 1 or pf.plan.world_size % args.ranks_per_node:
+        raise PlanError(f"--ranks-per-node={args.ranks_per_node} must divide the world size "
+                        f"{pf.plan.world_size} of plan {pf.plan.id}")
     if args.data is not None and not Path(args.data).is_file():
         raise PlanError(f"--data file {args.data!r} does not exist")
     if args.data is not None:

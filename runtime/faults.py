@@ -76,6 +76,12 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     if launcher:
         parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                             help="torchrun restarts of the whole group after a failure")
+        parser.add_argument("--spares", type=int, default=0, metavar="N",
+                            help="spare nodes an eviction may swap in (default 0: the job "
+                                 "re-plans on the ranks left)")
+        parser.add_argument("--ranks-per-node", type=int, default=1, metavar="K",
+                            help="ranks per node: an eviction leaves a straggler's whole "
+                                 "node out (default 1)")
     else:
         parser.add_argument("--sync-checkpoint", action="store_true",
                             help="blocking dcp.save instead of async_save (for measurements)")

@@ -104,10 +104,13 @@ def straggler_line(found: dict) -> str:
 
 
 def compute_time_medians(records: list[dict]) -> list[float] | None:
-    """Per-rank median ``compute_time_s`` over the records after the first (None without)."""
+    """Per-rank median ``compute_time_s`` over the records after the first (None without),
+    of the job's last layout (a job that resumed on fewer ranks: the records of as many
+    ranks as its last one)."""
     rows = [r["compute_time_s"] for r in records[1:] or records if r.get("compute_time_s")]
     if not rows:
         return None
+    rows = [row for row in rows if len(row) == len(rows[-1])]
     return [statistics.median(col) for col in zip(*rows, strict=True)]
 
 

@@ -13,7 +13,8 @@ hung rank's peers timing out.
   exit status says otherwise.
 - **A hung rank** stops answering collectives; its peers' collectives time out (or see the
   first peer that timed out go away) and raise. Each rank that fails in a collective records
-  it (`record_collective_error`) before it dies; the hung rank is the one that did not
+  it (`record_collective_error`, as any failing rank records its error) before it dies; the
+  hung rank is the one that recorded nothing while all the failures were collectives'
   (`hung_ranks`): it was alive and silent while every peer waited for it. torchrun's own
   report names the first rank that *exited*, which is a rank that timed out.
 """
@@ -103,10 +104,13 @@ def is_collective_error(exc: BaseException) -> bool:
 
 
 def record_collective_error(out: Path, rank: int, step: int, exc: BaseException) -> None:
-    """Append this rank's collective failure to ``out/faults/collective_errors.jsonl``."""
+    """Append this rank's failure to ``out/faults/collective_errors.jsonl`` (every failure:
+    a rank that failed for its own reason is not silent); ``collective`` says whether it
+    was a collective's (`is_collective_error`)."""
     path = Path(out) / "faults" / "collective_errors.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     line = {"rank": rank, "step": step, "time_unix_s": time.time(),
+            "collective": is_collective_error(exc),
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "error": str(exc).strip().splitlines()[0][:200] if str(exc).strip() else
             type(exc).__name__}
@@ -131,5 +135,7 @@ def hung_ranks(out: Path, world: int, since_unix_s: float) -> tuple[list[int], l
         return [], []
     last = max(x["attempt"] for x in lines)
     errors = [x for x in lines if x["attempt"] == last]
+    if not all(x.get("collective", True) for x in errors):
+        return [], []               # a rank failed on its own: it is the cause, none hung
     failed = {x["rank"] for x in errors}
     return sorted(set(range(world)) - failed), errors

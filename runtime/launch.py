@@ -81,7 +81,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
              inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
              on_nan: str = "stop", straggler_threshold: float | None = None,
-             straggler_window: int | None = None, on_straggler: str = "warn") -> dict:
+             straggler_window: int | None = None, on_straggler: str = "warn",
+             spares: int = 0, ranks_per_node: int = 1) -> dict:
     """Train a plan with torchrun (``OMP_NUM_THREADS=1``) and return its ``summary.json``.
 
     Args:
@@ -98,6 +99,10 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
             ``--inject SPEC`` (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
         straggler_threshold, straggler_window, on_straggler: ``--straggler-threshold``,
             ``--straggler-window``, ``--on-straggler`` (`runtime.health`; None: default).
+        spares, ranks_per_node: under ``on_straggler="evict"``, spare nodes that may take a
+            bad node's place, and ranks per node (a straggler's whole node leaves); the job
+            then resumes on the planner's best plan for the ranks left (`runtime.evict`) and
+            the summary returned is the whole job's, with ``evictions``.
     Raises:
         RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
             message starts with the ranks' one-line errors (if any) and ends with the last
@@ -117,7 +122,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     flags = resume_flags(data=data, checkpoint_every=checkpoint_every, keep=keep,
                          collective_timeout_s=collective_timeout_s, on_nan=on_nan,
-                         max_restarts=max_restarts)
+                         max_restarts=max_restarts, straggler_threshold=straggler_threshold,
+                         straggler_window=straggler_window, on_straggler=on_straggler)
     started, group = time.time(), []
     with forward_signals(lambda: group[0] if group else None) as signals:
         rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet, on_start=group.append)
@@ -146,6 +152,23 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     summary = json.loads((Path(out_dir) / "summary.json").read_text())
     if "error" in summary:                   # stopped on purpose (runtime.resilience.StopTraining)
         raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
+    if summary.get("evicted") and on_straggler == "evict":
+        from runtime.evict import continue_after_eviction
+
+        def relaunch(plan, nproc_left, inject_left, spares_left):
+            return run_plan(plan, steps=steps, out_dir=out_dir, data=data, seed=seed,
+                            nproc=nproc_left, timeout_s=timeout_s, quiet=quiet,
+                            save_params=save_params, profile=profile, attention=attention,
+                            max_restarts=max_restarts, checkpoint_every=checkpoint_every,
+                            keep=keep, resume=Path(out_dir) / "checkpoints",
+                            inject=inject_left, collective_timeout_s=collective_timeout_s,
+                            on_nan=on_nan, straggler_threshold=straggler_threshold,
+                            straggler_window=straggler_window, on_straggler=on_straggler,
+                            spares=spares_left, ranks_per_node=ranks_per_node)
+        return continue_after_eviction(plan_file_path, summary, out=Path(out_dir), steps=steps,
+                                       inject=list(inject), spares=spares,
+                                       ranks_per_node=ranks_per_node, relaunch=relaunch,
+                                       quiet=quiet)
     return summary
 
 
@@ -175,7 +198,9 @@ def failed_rank(lines: list[str]) -> tuple[int, str] | None:
 
 def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
                  collective_timeout_s: float | None = None, on_nan: str = "stop",
-                 max_restarts: int = 0) -> list[str]:
+                 max_restarts: int = 0, straggler_threshold: float | None = None,
+                 straggler_window: int | None = None, on_straggler: str = "warn"
+                 ) -> list[str]:
     """The ``meshplan run`` flags a resume command repeats: the data and every fault-tolerance
     option of the run (not ``--inject``: injected faults are part of a test, and the ones that
     fired are recorded as done in the run folder anyway).
@@ -185,7 +210,9 @@ def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
     """
     flags = ["--data", str(data)] if data is not None else []
     flags += fault_cli_args(checkpoint_every=checkpoint_every, keep=keep,
-                            timeout_s=collective_timeout_s, on_nan=on_nan)
+                            timeout_s=collective_timeout_s, on_nan=on_nan,
+                            straggler_threshold=straggler_threshold,
+                            straggler_window=straggler_window, on_straggler=on_straggler)
     return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])
 
 

@@ -49,7 +49,7 @@ from planner.spec import PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
-from runtime.interrupts import StopRequest, is_collective_error, record_collective_error
+from runtime.interrupts import StopRequest, record_collective_error
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
@@ -361,7 +361,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()
     except Exception as exc:
-        if is_collective_error(exc):         # evidence for naming a hung peer (interrupts)
+        if not isinstance(exc, StopTraining):   # evidence for naming a hung peer (interrupts)
             record_collective_error(Path(config.out_dir), rank,
                                     resilience.done + 1 if resilience else 0, exc)
         raise

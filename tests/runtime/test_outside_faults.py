@@ -128,6 +128,9 @@ def test_hung_ranks_are_the_silent_ones_of_the_last_attempt(tmp_path):
     silent, errors = hung_ranks(tmp_path, 4, since_unix_s=0.0)
     assert silent == [1, 3] and {e["rank"] for e in errors} == {0, 2}
     assert hung_ranks(tmp_path, 4, since_unix_s=time.time() + 1) == ([], [])
+    # a rank that failed on its own is the cause: nobody is named as hung
+    record_collective_error(tmp_path, 1, 5, ValueError("zip() argument 2 is shorter"))
+    assert hung_ranks(tmp_path, 4, since_unix_s=0.0) == ([], [])
 
 
 def test_an_unwritable_checkpoint_folder_mid_run_is_one_line_and_no_restart(plan_path,
