@@ -231,7 +231,8 @@ def continue_after_eviction(plan_path, summary: dict, *, out: Path, steps: int,
                                        ranks_per_node=ranks_per_node, spares=spares,
                                        restart_s=restart_s)
     line = decision_line(decision)
-    print(line, flush=True)
+    if not quiet:
+        print(line, flush=True)
     earlier = summary.get("evictions") or []
     number = len(earlier) + 1
     new_path = plan_path if new_pf.plan.id == read_plan_file(plan_path).plan.id and \

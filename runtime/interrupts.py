@@ -7,7 +7,8 @@ hung rank's peers timing out.
   die on it (`StopRequest`): it finishes its step, and since every rank's request travels in
   the step's closing all-gather (`runtime.train.gather_step_stats`), all ranks stop after the
   same step, checkpoint it, write the summary and exit 0 (torchrun waits 30 s for its workers
-  after forwarding a signal, far longer than a step here).
+  after forwarding a signal, far longer than a step here). A rank that cannot reach its
+  step's end (hung) dies of the signal after a grace period, as it would without the handler.
 - **A killed agent** (torchrun SIGKILLed) leaves its workers running; they finish and write
   ``summary.json``. `finished_summary` recognises that the job finished although torchrun's
   exit status says otherwise.
@@ -36,18 +37,52 @@ COLLECTIVE_ERROR_WORDS = ("timed out", "timeout", "connection closed", "connecti
                           "broken pipe", "watchdog", "peer")
 
 
+#: Seconds a signalled worker waits for its step to end before it dies of the signal.
+STOP_GRACE_S = 5.0
+
+
 class StopRequest:
     """A worker's record of a stop signal: installs handlers that note the signal instead of
-    dying; ``signum`` is 0 until one arrives."""
+    dying; ``signum`` is 0 until one arrives.
+
+    A rank that does not reach the end of its step within ``grace_s`` of the signal (a hung
+    rank, or one blocked on a dead peer while torchrun tears the group down) dies of the
+    signal after all, as without the handler; the training loop calls `at_step_end` when it
+    sees the stop, and sets ``grace_s`` from its step time.
+    """
 
     def __init__(self) -> None:
         self.signum = 0
+        self.grace_s = STOP_GRACE_S
+        self._timer: threading.Timer | None = None
+        self._expired = False
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._note)
 
     def _note(self, signum, frame) -> None:
+        if self._expired:                  # the grace is over: die of it (main thread)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.signum = signum
+        if self._timer is None:
+            self._timer = threading.Timer(self.grace_s, self._die, args=(signum,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _die(self, signum: int) -> None:
+        # only the main thread may reset a handler: signal it again, and leave on our own if
+        # it is stuck outside Python (a blocked C call runs no handler)
+        self._expired = True
+        os.kill(os.getpid(), signum)
+        time.sleep(STOP_GRACE_S)
+        os._exit(128 + signum)
+
+    def at_step_end(self) -> None:
+        """The loop stops at this step's end: no need to die of the signal."""
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def signal_name(signum: int) -> str:

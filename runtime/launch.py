@@ -196,6 +196,24 @@ def failed_rank(lines: list[str]) -> tuple[int, str] | None:
     return None if rank is None or code is None else (rank, code)
 
 
+def exit_codes(lines: list[str]) -> dict[int, str]:
+    """{rank: exit code} of every entry of torchrun's failure report in ``lines``.
+
+    >>> exit_codes(["  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 7)",
+    ...             "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 6)"])
+    {1: '-15', 0: '1'}
+    """
+    codes, rank = {}, None
+    for line in lines:
+        key, _, value = line.strip().partition(":")
+        if key.strip() == "rank" and value.split():
+            rank = int(value.split()[0])
+        elif key.strip() == "exitcode" and rank is not None and value.split():
+            codes.setdefault(rank, value.split()[0])
+            rank = None
+    return codes
+
+
 def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
                  collective_timeout_s: float | None = None, on_nan: str = "stop",
                  max_restarts: int = 0, straggler_threshold: float | None = None,
@@ -277,6 +295,10 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     injected = [f"injected fault {spec}" for spec in fired]
     why = ([] if who is None else [f"exit code {who[1]}"]) + injected
     silent, errors = hung
+    # a silent rank that died on its own (SIGKILL, a crash) is not hung: torchrun ended a
+    # hung one with SIGTERM after its peers failed (-15, or 143 from `StopRequest`)
+    codes = exit_codes(lines)
+    silent = [r for r in silent if codes.get(r, "-15") in ("-15", "143")]
     if silent and errors:
         waited = sorted({e["rank"] for e in errors})
         text = (f"meshplan run: rank {', '.join(map(str, silent))} hung at step "

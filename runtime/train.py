@@ -49,7 +49,7 @@ from planner.spec import PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
-from runtime.interrupts import StopRequest, record_collective_error
+from runtime.interrupts import STOP_GRACE_S, StopRequest, record_collective_error
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
@@ -332,6 +332,9 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
                         stop_request.signum)
                 record = step_record(k + 1, loss, time.perf_counter() - start, pf,
                                      peak_memory_bytes=memory, compute_time_s=compute)
+                if stop:
+                    stop_request.at_step_end()
+                stop_request.grace_s = max(STOP_GRACE_S, 3 * record["step_time_s"])
                 if rank == 0:
                     records.append(record)
                     if not config.profile:
