@@ -21,7 +21,10 @@ def run_fault_kwargs(args: argparse.Namespace) -> dict:
     return {"checkpoint_every": args.checkpoint_every, "keep": args.keep,
             "resume": args.resume, "inject": args.inject,
             "collective_timeout_s": args.timeout_s, "on_nan": args.on_nan,
-            "max_restarts": args.max_restarts}
+            "max_restarts": args.max_restarts,
+            "straggler_threshold": args.straggler_threshold,
+            "straggler_window": args.straggler_window, "on_straggler": args.on_straggler,
+            "spares": args.spares, "ranks_per_node": args.ranks_per_node}
 
 
 def restart_line(summary: dict) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from apps.cmd_faults import add_run_fault_args
 from apps.format import command_console, fmt_rate, fmt_time_s
@@ -23,16 +24,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         save_run_config,
         with_step_progress,
     )
-    from runtime.launch import run_plan
+    from runtime.launch import RunInterrupted, run_plan
     console = command_console(args)
     check_run_args(args)
     config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data,
                                  faults=run_fault_kwargs(args), ep=args.ep)
     echo_run_config(console, config)
     console.print(f"  saved   {save_run_config(config)}", highlight=False)
-    summary = with_step_progress(console, config, lambda: run_plan(
-        args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data, ep=args.ep,
-        **run_fault_kwargs(args)))
+    try:
+        summary = with_step_progress(console, config, lambda: run_plan(
+            args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data, ep=args.ep,
+            **run_fault_kwargs(args)))
+    except RunInterrupted as exc:         # SIGTERM / Ctrl-C: one line, the shell's status
+        print(exc, file=sys.stderr, flush=True)
+        return 128 + exc.signum
     if args.json:
         print(json.dumps(summary))
     else:

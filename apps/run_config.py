@@ -54,13 +54,17 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
     plan = pf.to_dict()["plan"]
     options = {"checkpoint_every": 0, "keep": 2, "resume": None, "inject": [],
                "collective_timeout_s": None, "on_nan": "stop", "max_restarts": 0,
+               "straggler_threshold": None, "straggler_window": None, "on_straggler": "warn",
+               "spares": 0, "ranks_per_node": 1,
                **(faults or {})}
     options["resume"] = None if options["resume"] is None else str(options["resume"])
     options["inject"] = list(options["inject"])
     train_args = fault_cli_args(
         checkpoint_every=options["checkpoint_every"], keep=options["keep"],
         resume=options["resume"], inject=options["inject"],
-        timeout_s=options["collective_timeout_s"], on_nan=options["on_nan"])
+        timeout_s=options["collective_timeout_s"], on_nan=options["on_nan"],
+        straggler_threshold=options["straggler_threshold"],
+        straggler_window=options["straggler_window"], on_straggler=options["on_straggler"])
     command = local_torchrun_command(plan_path, steps=steps, out_dir=out, data=data,
                                nproc=pf.plan.world_size, master_port=0,
                                max_restarts=options["max_restarts"], train_args=train_args,
@@ -100,6 +104,11 @@ def check_run_args(args) -> None:
     config = TrainConfig.from_args(args, out_dir=str(run_folder(args.out, pf.plan.id)))
     if args.max_restarts < 0:
         raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
+    if args.spares < 0:
+        raise PlanError(f"--spares={args.spares} must be >= 0")
+    if args.ranks_per_node < 1 or pf.plan.world_size % args.ranks_per_node:
+        raise PlanError(f"--ranks-per-node={args.ranks_per_node} must divide the world size "
+                        f"{pf.plan.world_size} of plan {pf.plan.id}")
     if args.data is not None and not Path(args.data).is_file():
         raise PlanError(f"--data file {args.data!r} does not exist")
     if args.data is not None:

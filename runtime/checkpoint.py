@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -113,6 +114,35 @@ def _container(modules: list[torch.nn.Module]) -> torch.nn.Module:
     return modules[0] if len(modules) == 1 else torch.nn.ModuleList(modules)
 
 
+#: A chunk index that a ModuleList of pipeline chunks puts in front of each FQN, in model keys
+#: (``0.tok.weight``) and flattened optimizer keys (``state.0.tok.weight.exp_avg``,
+#: ``param_groups.0.tok.weight.lr``).
+_CHUNK_PREFIX = re.compile(r"^((?:state|param_groups)\.)?\d+\.")
+
+
+def chunk_free_key(key: str) -> str:
+    """``key`` of a rank that holds several pipeline chunks (interleaved virtual stages)
+    without the chunk's position in that rank's list, so that a parameter has the same key
+    on every layout: chunks keep the model's own FQNs (layer keys keep their global numbers,
+    `runtime.parallel.pp.split_for_stage`), and only the container adds the index.
+
+    >>> chunk_free_key("0.layers.3.attn.qkv.weight"), chunk_free_key("state.1.out.weight.step")
+    ('layers.3.attn.qkv.weight', 'state.out.weight.step')
+    >>> chunk_free_key("param_groups.0.tok.weight.lr")
+    'param_groups.tok.weight.lr'
+    """
+    return _CHUNK_PREFIX.sub(lambda m: m.group(1) or "", key, count=1)
+
+
+def _rekey(state: dict, rename) -> dict:
+    """``state`` with its keys renamed (an error when two keys would become one)."""
+    out = {rename(k): v for k, v in state.items()}
+    if len(out) != len(state):
+        raise RuntimeError("pipeline chunks of one rank share a parameter name; their "
+                           "checkpoint keys would collide")
+    return out
+
+
 class CheckpointManager:
     """Saves and loads this rank's part of the training state (see the module docstring).
 
@@ -165,7 +195,7 @@ class CheckpointManager:
         tmp.mkdir(parents=True, exist_ok=True)
         torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=FLAT_OPTIM)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = {"model": self._chunk_free(model_sd), "optim": self._chunk_free(optim_sd)}
         self._pending_step = step
         self._landed.clear()
         if self.asynchronous:
@@ -277,12 +307,30 @@ class CheckpointManager:
             return 0, None, skipped
         options = FLAT_OPTIM if _flat_optimizer_keys(Path(path)) else StateDictOptions()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
-        state = {"model": model_sd, "optim": optim_sd}
+        chunk_free = options is FLAT_OPTIM and not _chunk_indexed_keys(Path(path))
+        keyed = self._chunk_free if chunk_free else dict
+        state = {"model": keyed(model_sd), "optim": keyed(optim_sd)}
         dcp.load(state, checkpoint_id=path)
+        if chunk_free:       # back to this rank's own keys (DCP replaced non-tensor values)
+            state = {"model": {k: state["model"][chunk_free_key(k)] for k in model_sd},
+                     "optim": {k: state["optim"][chunk_free_key(k)] for k in optim_sd}}
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=options)
         return int(json.loads((Path(path) / MANIFEST).read_text())["step"]), \
             load_extra(Path(path), self.rank, dist.get_world_size()), skipped
+
+
+    def _chunk_free(self, state: dict) -> dict:
+        """``state`` keyed as on every layout (`chunk_free_key`); unchanged for one chunk."""
+        return _rekey(state, chunk_free_key) if isinstance(self.model, torch.nn.ModuleList) \
+            else state
+
+
+def _chunk_indexed_keys(folder: Path) -> bool:
+    """Whether checkpoint ``folder`` was written by an interleaved pipeline before keys were
+    made chunk-free (``model.0.tok.weight``); it loads on the same layout only."""
+    keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    return any(re.match(r"model\.\d+\.", key) for key in keys)
 
 
 def _flat_optimizer_keys(folder: Path) -> bool:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from planner.spec import PlanError
 from runtime.faults import ON_NAN, fault_flags_error
+from runtime.health import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
 from runtime.model import ATTENTION_IMPLS
 
 
@@ -40,6 +41,11 @@ class TrainConfig:
         sync_checkpoint: blocking ``dcp.save`` instead of ``async_save`` (for measurements).
         ep: expert parallel degree of an MoE model (`runtime.parallel.ep`); None: the plan's
             (1 for a plan without one).
+        straggler_threshold / straggler_window: a rank whose relative performance score
+            stays below the threshold for the window's steps is a straggler
+            (`runtime.health`).
+        on_straggler: a confirmed straggler is logged ("warn") or evicted ("evict": the
+            run checkpoints and stops so that `meshplan run` re-plans without it).
 
     Raises:
         PlanError: a field is out of range; the message names the flag, the value and the
@@ -64,6 +70,9 @@ class TrainConfig:
     on_nan: Literal["stop", "skip"] = "stop"
     sync_checkpoint: bool = False
     ep: int | None = None
+    straggler_threshold: float = STRAGGLER_THRESHOLD
+    straggler_window: int = STRAGGLER_WINDOW
+    on_straggler: Literal["warn", "evict"] = "warn"
 
     def __post_init__(self) -> None:
         if self.steps < 1:

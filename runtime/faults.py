@@ -72,12 +72,35 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     parser.add_argument("--on-nan", choices=ON_NAN, default="stop",
                         help="a NaN loss stops the run with an error (default), or skips "
                              "the step's update")
+    add_straggler_args(parser)
     if launcher:
         parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                             help="torchrun restarts of the whole group after a failure")
+        parser.add_argument("--spares", type=int, default=0, metavar="N",
+                            help="spare nodes an eviction may swap in (default 0: the job "
+                                 "re-plans on the ranks left)")
+        parser.add_argument("--ranks-per-node", type=int, default=1, metavar="K",
+                            help="ranks per node: an eviction leaves a straggler's whole "
+                                 "node out (default 1)")
     else:
         parser.add_argument("--sync-checkpoint", action="store_true",
                             help="blocking dcp.save instead of async_save (for measurements)")
+
+def add_straggler_args(parser: argparse.ArgumentParser) -> None:
+    """``--straggler-threshold``, ``--straggler-window``, ``--on-straggler`` (`runtime.health`)."""
+    from runtime.health import ON_STRAGGLER, STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
+    parser.add_argument("--straggler-threshold", type=float, default=STRAGGLER_THRESHOLD,
+                        metavar="SCORE",
+                        help="relative performance score (peers' median compute time over "
+                             "the rank's) below which a step is slow (default "
+                             f"{STRAGGLER_THRESHOLD}, nvidia-resiliency-ext's)")
+    parser.add_argument("--straggler-window", type=int, default=STRAGGLER_WINDOW, metavar="N",
+                        help=f"consecutive slow steps that confirm a straggler (default "
+                             f"{STRAGGLER_WINDOW})")
+    parser.add_argument("--on-straggler", choices=ON_STRAGGLER, default="warn",
+                        help="a confirmed straggler is logged (warn, default) or evicted: "
+                             "checkpoint, leave its node out, re-plan, resume")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Fault:
@@ -270,12 +293,18 @@ def fault_flags_error(config) -> str | None:
         return f"--keep={config.keep} must be >= 1"
     if config.timeout_s is not None and not config.timeout_s > 0:
         return f"--timeout-s={config.timeout_s} must be > 0"
-    return None
+    from runtime.health import straggler_flags_error
+    return straggler_flags_error(config.straggler_threshold, config.straggler_window,
+                                 config.on_straggler)
 
 
 def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
-                   inject=(), timeout_s: float | None = None, on_nan: str = "stop") -> list[str]:
+                   inject=(), timeout_s: float | None = None, on_nan: str = "stop",
+                   straggler_threshold: float | None = None,
+                   straggler_window: int | None = None,
+                   on_straggler: str = "warn") -> list[str]:
     """``runtime.train`` flags for the fault-tolerance options (defaults give [])."""
+    from runtime.health import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
     args: list[str] = []
     if checkpoint_every:
         args += ["--checkpoint-every", str(checkpoint_every)]
@@ -289,6 +318,12 @@ def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
         args += ["--timeout-s", str(timeout_s)]
     if on_nan != "stop":
         args += ["--on-nan", on_nan]
+    if straggler_threshold not in (None, STRAGGLER_THRESHOLD):
+        args += ["--straggler-threshold", str(straggler_threshold)]
+    if straggler_window not in (None, STRAGGLER_WINDOW):
+        args += ["--straggler-window", str(straggler_window)]
+    if on_straggler != "warn":
+        args += ["--on-straggler", on_straggler]
     return args
 
 

@@ -16,11 +16,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from planner.launch import torchrun_command
 from planner.planfile import read_plan_file
 from runtime.faults import fault_cli_args
+from runtime.interrupts import finished_summary, forward_signals, hung_ranks, signal_name
 
 #: Lines of output kept for the error message of a failed run.
 TAIL_LINES = 40
@@ -82,7 +84,10 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              profile: bool = False, attention: str | None = None, max_restarts: int = 0,
              checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
              inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
-             on_nan: str = "stop", ep: int | None = None) -> dict:
+             on_nan: str = "stop", ep: int | None = None,
+             straggler_threshold: float | None = None,
+             straggler_window: int | None = None, on_straggler: str = "warn",
+             spares: int = 0, ranks_per_node: int = 1) -> dict:
     """Train a plan with torchrun (``OMP_NUM_THREADS=1``) and return its ``summary.json``.
 
     Args:
@@ -98,6 +103,12 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
             ``runtime.train``'s ``--checkpoint-every K``, ``--keep N``, ``--resume DIR``,
             ``--inject SPEC`` (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
         ep: expert parallel degree (``--ep``; None: the plan's).
+        straggler_threshold, straggler_window, on_straggler: ``--straggler-threshold``,
+            ``--straggler-window``, ``--on-straggler`` (`runtime.health`; None: default).
+        spares, ranks_per_node: under ``on_straggler="evict"``, spare nodes that may take a
+            bad node's place, and ranks per node (a straggler's whole node leaves); the job
+            then resumes on the planner's best plan for the ranks left (`runtime.evict`) and
+            the summary returned is the whole job's, with ``evictions``.
     Raises:
         RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
             message starts with the ranks' one-line errors (if any) and ends with the last
@@ -110,19 +121,37 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                            attention=attention, max_restarts=max_restarts, ep=ep,
                            train_args=fault_cli_args(
                                checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                               inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan))
+                               inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan,
+                               straggler_threshold=straggler_threshold,
+                               straggler_window=straggler_window, on_straggler=on_straggler))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet)
+    flags = resume_flags(data=data, checkpoint_every=checkpoint_every, keep=keep,
+                         collective_timeout_s=collective_timeout_s, on_nan=on_nan,
+                         max_restarts=max_restarts, straggler_threshold=straggler_threshold,
+                         straggler_window=straggler_window, on_straggler=on_straggler)
+    flags += ["--ep", str(ep)] if ep else []
+    started, group = time.time(), []
+    with forward_signals(lambda: group[0] if group else None) as signals:
+        rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet, on_start=group.append)
+    if signals:
+        raise RunInterrupted(interrupted_line(signals[0], plan_file_path, out_dir, steps, flags),
+                             signals[0])
+    if rc != 0 and (done := finished_summary(Path(out_dir), steps, started)) is not None:
+        # torchrun itself died (killed), its workers finished the job and wrote the summary
+        done["launcher_exit_status"] = rc
+        (Path(out_dir) / "summary.json").write_text(json.dumps(done, indent=2) + "\n")
+        if not quiet:
+            print(f"meshplan run: torchrun exited with status {rc}, but its workers finished "
+                  f"all {steps} steps: the run finished", flush=True)
+        return done
     if rc != 0:
         errors = list(dict.fromkeys(error_lines))
+        world = nproc or read_plan_file(plan_file_path).plan.world_size
         # the output was echoed already unless quiet; the last line says what to do next
         hint = failure_hint(list(tail), plan_file_path, out_dir, steps, max_restarts,
-                            fired=fired, input_error=bool(errors),
-                            resume_flags=resume_flags(
-                                data=data, checkpoint_every=checkpoint_every, keep=keep,
-                                collective_timeout_s=collective_timeout_s, on_nan=on_nan,
-                                max_restarts=max_restarts) + (["--ep", str(ep)] if ep else []))
+                            fired=fired, input_error=bool(errors), resume_flags=flags,
+                            hung=hung_ranks(Path(out_dir), world, started))
         raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
                            + "".join(errors)
                            + ("last output:\n" + "".join(tail) if quiet else "")
@@ -130,6 +159,23 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     summary = json.loads((Path(out_dir) / "summary.json").read_text())
     if "error" in summary:                   # stopped on purpose (runtime.resilience.StopTraining)
         raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
+    if summary.get("evicted") and on_straggler == "evict":
+        from runtime.evict import continue_after_eviction
+
+        def relaunch(plan, nproc_left, inject_left, spares_left):
+            return run_plan(plan, steps=steps, out_dir=out_dir, data=data, seed=seed,
+                            nproc=nproc_left, timeout_s=timeout_s, quiet=quiet,
+                            save_params=save_params, profile=profile, attention=attention,
+                            max_restarts=max_restarts, checkpoint_every=checkpoint_every,
+                            keep=keep, resume=Path(out_dir) / "checkpoints",
+                            inject=inject_left, collective_timeout_s=collective_timeout_s,
+                            on_nan=on_nan, straggler_threshold=straggler_threshold,
+                            straggler_window=straggler_window, on_straggler=on_straggler,
+                            spares=spares_left, ranks_per_node=ranks_per_node)
+        return continue_after_eviction(plan_file_path, summary, out=Path(out_dir), steps=steps,
+                                       inject=list(inject), spares=spares,
+                                       ranks_per_node=ranks_per_node, relaunch=relaunch,
+                                       quiet=quiet)
     return summary
 
 
@@ -157,9 +203,29 @@ def failed_rank(lines: list[str]) -> tuple[int, str] | None:
     return None if rank is None or code is None else (rank, code)
 
 
+def exit_codes(lines: list[str]) -> dict[int, str]:
+    """{rank: exit code} of every entry of torchrun's failure report in ``lines``.
+
+    >>> exit_codes(["  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 7)",
+    ...             "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 6)"])
+    {1: '-15', 0: '1'}
+    """
+    codes, rank = {}, None
+    for line in lines:
+        key, _, value = line.strip().partition(":")
+        if key.strip() == "rank" and value.split():
+            rank = int(value.split()[0])
+        elif key.strip() == "exitcode" and rank is not None and value.split():
+            codes.setdefault(rank, value.split()[0])
+            rank = None
+    return codes
+
+
 def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
                  collective_timeout_s: float | None = None, on_nan: str = "stop",
-                 max_restarts: int = 0) -> list[str]:
+                 max_restarts: int = 0, straggler_threshold: float | None = None,
+                 straggler_window: int | None = None, on_straggler: str = "warn"
+                 ) -> list[str]:
     """The ``meshplan run`` flags a resume command repeats: the data and every fault-tolerance
     option of the run (not ``--inject``: injected faults are part of a test, and the ones that
     fired are recorded as done in the run folder anyway).
@@ -169,13 +235,49 @@ def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
     """
     flags = ["--data", str(data)] if data is not None else []
     flags += fault_cli_args(checkpoint_every=checkpoint_every, keep=keep,
-                            timeout_s=collective_timeout_s, on_nan=on_nan)
+                            timeout_s=collective_timeout_s, on_nan=on_nan,
+                            straggler_threshold=straggler_threshold,
+                            straggler_window=straggler_window, on_straggler=on_straggler)
     return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])
+
+
+class RunInterrupted(RuntimeError):
+    """`meshplan run` got SIGTERM or SIGINT; the message is one line (`interrupted_line`)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+def interrupted_line(signum: int, plan_file_path, out_dir, steps: int,
+                     resume_flags: list[str] = ()) -> str:
+    """One line: the signal, the steps done and the resume command of the checkpoint the
+    workers left (`runtime.interrupts`)."""
+    out = Path(out_dir)
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        done = summary["steps"] if summary.get("interrupted") else None
+    except (OSError, ValueError, KeyError):
+        done = None
+    text = f"meshplan run: stopped by {signal_name(signum)}"
+    text += " before any step was logged" if done is None else f" after step {done} of {steps}"
+    return text + resume_clause(plan_file_path, out, steps, resume_flags)
+
+
+def resume_clause(plan_file_path, out: Path, steps: int, resume_flags: list[str] = ()) -> str:
+    """``; newest checkpoint stepK: resume with `meshplan run ...`"`` or ``""`` without one."""
+    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step*") if p.is_dir())
+    if not checkpoints:
+        return ""
+    return (f"; newest checkpoint {checkpoints[-1]}: resume with `meshplan run "
+            f"{plan_file_path} --steps {steps} --out {out} --resume {out / 'checkpoints'}"
+            + "".join(f" {shlex.quote(flag)}" for flag in resume_flags) + "`")
 
 
 def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_restarts: int,
                  *, fired: list[str] = (), input_error: bool = False,
-                 resume_flags: list[str] = ()) -> str | None:
+                 resume_flags: list[str] = (), hung: tuple[list[int], list[dict]] = ([], [])
+                 ) -> str | None:
     """The last line of a failed run's error: which rank failed, after which step, and how to
     go on (``--resume OUT/checkpoints`` when the run left a checkpoint); None for an input
     error (its own one-line errors say it all).
@@ -184,6 +286,9 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
         lines: the run's last lines of output (torchrun's failure report among them).
         fired: the run's ``meshplan fault: SPEC fired (rank R)`` lines (injected faults).
         resume_flags: flags the resume command repeats (`resume_flags`).
+        hung: (ranks that stayed silent while their peers' collectives failed, those
+            failures) (`runtime.interrupts.hung_ranks`): the silent rank is named instead
+            of the first rank torchrun saw exit.
     """
     if input_error:
         return None
@@ -194,18 +299,27 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
         done = sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
     except OSError:
         done = 0
-    why = [] if who is None else [f"exit code {who[1]}"]
-    why += [f"injected fault {spec}" for spec in fired]
-    text = (f"meshplan run: {'the run' if who is None else f'rank {who[0]}'} failed after "
-            f"step {done} of {steps}" + (f" ({'; '.join(why)})" if why else ""))
+    injected = [f"injected fault {spec}" for spec in fired]
+    why = ([] if who is None else [f"exit code {who[1]}"]) + injected
+    silent, errors = hung
+    # a silent rank that died on its own (SIGKILL, a crash) is not hung: torchrun ended a
+    # hung one with SIGTERM after its peers failed (-15, or 143 from `StopRequest`)
+    codes = exit_codes(lines)
+    silent = [r for r in silent if codes.get(r, "-15") in ("-15", "143")]
+    if silent and errors:
+        waited = sorted({e["rank"] for e in errors})
+        text = (f"meshplan run: rank {', '.join(map(str, silent))} hung at step "
+                f"{max(e['step'] for e in errors)} of {steps}: rank(s) "
+                f"{', '.join(map(str, waited))} failed waiting for it in a collective "
+                f"({errors[0]['error']})" + (f" ({'; '.join(injected)})" if injected else ""))
+    else:
+        text = (f"meshplan run: {'the run' if who is None else f'rank {who[0]}'} failed after "
+                f"step {done} of {steps}" + (f" ({'; '.join(why)})" if why else ""))
     if max_restarts:
         text += f", with all {max_restarts} restart(s) used"
-    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step*") if p.is_dir())
-    if checkpoints:
-        text += (f"; newest checkpoint {checkpoints[-1]}: resume with `meshplan run "
-                 f"{plan_file_path} --steps {steps} --out {out} --resume "
-                 f"{out / 'checkpoints'}"
-                 + "".join(f" {shlex.quote(flag)}" for flag in resume_flags) + "`")
+    clause = resume_clause(plan_file_path, out, steps, resume_flags)
+    if clause:
+        text += clause
         if not max_restarts:
             text += " (or add --max-restarts N to restart automatically)"
     else:
@@ -214,9 +328,10 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     return text + "\n"
 
 
-def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool
+def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_start=None
             ) -> tuple[int, collections.deque, list[str], list[str]]:
-    """Run ``cmd``, echo its merged stdout/stderr line by line.
+    """Run ``cmd`` in a session of its own, echo its merged stdout/stderr line by line;
+    ``on_start(pid)`` is called once it runs (its pid is its process group's id).
 
     Returns:
         (exit status, the last TAIL_LINES lines, every line that starts with ERROR_PREFIX,
@@ -227,6 +342,8 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool
     fired: list[str] = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, start_new_session=True)
+    if on_start is not None:
+        on_start(proc.pid)
     timer = None
     if timeout_s is not None:
         timer = threading.Timer(timeout_s, lambda: _kill_group(proc, tail))

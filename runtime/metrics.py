@@ -8,6 +8,8 @@ Peak memory per rank: ``torch.cuda.max_memory_allocated`` of the step on CUDA; o
 process's peak resident set so far (``ru_maxrss``; ``torch.cpu`` keeps no memory statistics).
 Communication time: rank 0's time inside collectives and pipeline send/recv, from the torch
 profiler (only with ``--profile``; the union of gloo / nccl / c10d event intervals of the step).
+Compute time per rank (``compute_time_s``, every record): each rank's part of the step before
+the step's closing all-gather (`runtime.health`); summary.json keeps the per-rank medians.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from planner.flops import mfu as model_flops_utilisation
 from planner.planfile import PlanFile
+from runtime.health import compute_time_medians
 
 #: Profiler event names that are communication (collectives and P2P of gloo, nccl and c10d).
 COMM_EVENT_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
@@ -27,12 +30,15 @@ COMM_EVENT_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
 
 def step_record(step: int, loss: float, step_time_s: float, pf: PlanFile, *,
                 peak_memory_bytes: list[int] | None = None,
-                comm_time_s: float | None = None) -> dict:
+                comm_time_s: float | None = None,
+                compute_time_s: list[float] | None = None) -> dict:
     """One metrics.jsonl record (mfu is None without ``peak_flops_per_device`` in the cluster).
 
     Args:
         peak_memory_bytes: one value per rank, in rank order (see the module docstring).
         comm_time_s: rank 0's time in communication during the step, if measured.
+        compute_time_s: one value per rank, in rank order: its part of the step before the
+            step's closing all-gather (`runtime.health`).
     """
     tokens = pf.plan.global_batch * pf.model.seq_len
     tokens_per_s = tokens / step_time_s
@@ -47,6 +53,8 @@ def step_record(step: int, loss: float, step_time_s: float, pf: PlanFile, *,
                    "peak_memory_bytes": peak_memory_bytes,
                    "peak_memory_bytes_max": max(peak_memory_bytes),
                    "comm_time_s": comm_time_s}
+    if compute_time_s is not None:
+        record["compute_time_s"] = compute_time_s
     return record
 
 
@@ -109,4 +117,5 @@ def summarize(records: list[dict], pf: PlanFile, backend: str, notes: list[str],
             "peak_memory_bytes": rec["peak_memory_bytes"],
             "backend": backend, "ranks": pf.plan.world_size, "cores": os.cpu_count(),
             "threads_per_rank": torch.get_num_threads(), "dtype": run_dtype,
-            "notes": notes, "prediction": pf.prediction}
+            "notes": notes, "prediction": pf.prediction,
+            "compute_time_s": compute_time_medians(records)}

@@ -32,13 +32,18 @@ import math
 import os
 import pickle
 import shutil
-import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from runtime.accounting import (  # noqa: F401 - job_accounting, read_events: public here too
+    checkpoint_blocking_times_s,
+    job_accounting,
+    next_attempt,
+    read_events,
+)
 from runtime.checkpoint import (
     CheckpointManager,
     list_checkpoints,
@@ -50,6 +55,8 @@ from runtime.checkpoint import (
 )
 from runtime.config import TrainConfig
 from runtime.faults import Injector, faults_error, parse_faults, plan_file_faults
+from runtime.health import StragglerDetector, job_stragglers, straggler_line
+from runtime.interrupts import signal_name
 from runtime.parallel.cp import cp_rank, cp_size
 
 
@@ -198,12 +205,16 @@ class Resilience:
             self._event("attempt_start", launch_restart=self.restart)
         dist.barrier()
         self.injector = Injector(parse_faults(all_fault_specs(config)), self.rank, self.out)
-        self.checkpoints = None
-        if config.checkpoint_every or config.resume:
-            self.checkpoints = CheckpointManager(
-                self.ckpt_dir, modules, optimizer, keep=config.keep,
-                asynchronous=not config.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
-                timeout_s=config.timeout_s or 120.0)
+        self.health = StragglerDetector(threshold=config.straggler_threshold,
+                                        window=config.straggler_window)
+        self.evicted: dict | None = None
+        self.interrupted: str | None = None
+        # an eviction or a stop signal checkpoints the step it stopped at, with or without
+        # --checkpoint-every
+        self.checkpoints = CheckpointManager(
+            self.ckpt_dir, modules, optimizer, keep=config.keep,
+            asynchronous=not config.sync_checkpoint, corrupt_at=self.injector.corrupt_at,
+            timeout_s=config.timeout_s or 120.0)
         self.done = 0                  # steps done (the next step is done + 1)
         self.records: list[dict] = []
         self.skipped_steps: list[int] = []
@@ -351,9 +362,16 @@ class Resilience:
         path.write_text("".join(x + "\n" for x in kept))
 
     # -- after each step -----------------------------------------------------------------------
-    def after_step(self, step: int, loss: float) -> None:
-        """Record step ``step`` (1-based), stop on NaN if asked, checkpoint every K steps.
+    def after_step(self, step: int, loss: float, compute_s: list[float] | None = None,
+                   stop_signal: int = 0) -> str | None:
+        """Record step ``step`` (1-based), stop on NaN if asked, checkpoint every K steps,
+        and feed the straggler detector with the step's per-rank compute times.
 
+        Returns:
+            "evict" when a straggler was confirmed under ``--on-straggler evict``, "stop" when
+            a rank received ``stop_signal`` (SIGTERM / SIGINT, `runtime.interrupts`): the
+            state after this step is checkpointed (landed) and the caller stops training;
+            else None.
         Raises:
             StopTraining: the loss is NaN and ``--on-nan stop``.
         """
@@ -365,27 +383,70 @@ class Resilience:
         if self.rank == 0:
             self._event("step", step=step)
         if not math.isfinite(loss) and self.config.on_nan == "stop":
-            message = (f"loss is {loss} at step {step}; stopping (--on-nan stop; use --on-nan "
-                       "skip to skip such steps)")
-            if self.rank == 0:
-                self._event("stopped", step=step, error=message)
-                summary = {"error": message, "steps": len(self.records),
-                           "losses": [r["loss"] for r in self.records]}
-                (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            raise StopTraining(message)
+            self._stop(step, f"loss is {loss} at step {step}; stopping (--on-nan stop; use "
+                             "--on-nan skip to skip such steps)")
         every = self.config.checkpoint_every
-        if self.checkpoints is not None and every and (step % every == 0
-                                                       or step == self.config.steps):
-            batch = self.batches.global_batch
-            extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
-                     "samples_consumed": step * (batch // self.dp),
-                     "global_samples_consumed": step * batch, "global_batch": batch,
-                     "mesh_shape": self.mesh_shape}
-            self._log_checkpoint()
-            self.checkpoints.save(step, extra)
+        saved = self.checkpoints is not None and every and (step % every == 0
+                                                           or step == self.config.steps)
+        if saved:
+            self._save(step)
+        if stop_signal and step < self.config.steps:
+            if not saved:
+                self._save(step)
+            self.checkpoints.wait_landed()
+            self.interrupted = signal_name(stop_signal)
             if self.rank == 0:
-                self._event("checkpoint", step=step, blocking_s=self.checkpoints.blocking_s[-1])
-            self._unlogged_checkpoint = step
+                self._event("interrupted", step=step, signal=self.interrupted)
+            return "stop"
+        return self._check_health(step, compute_s or [], saved=bool(saved))
+
+    def _check_health(self, step: int, compute_s: list[float], *, saved: bool) -> str | None:
+        """Log stragglers confirmed at ``step``; under ``--on-straggler evict``, checkpoint
+        the step (unless ``saved``), wait for it to land and return "evict"."""
+        found = self.health.observe(step, compute_s)
+        for straggler in found if self.rank == 0 else []:
+            print(straggler_line(straggler), flush=True)
+            self._event("straggler", **straggler)
+        if not found or self.config.on_straggler != "evict" or step == self.config.steps:
+            return None
+        if not saved:
+            self._save(step)
+        self.checkpoints.wait_landed()
+        self.evicted = {"step": step, "ranks": [f["rank"] for f in found],
+                        "stragglers": found}
+        if self.rank == 0:
+            self._event("evict", **self.evicted)
+        return "evict"
+
+    def _stop(self, step: int, message: str) -> None:
+        """End the run on purpose after ``step``: rank 0 writes the error into summary.json;
+        every rank raises `StopTraining` (exit 0, so torchrun spends no restart on it)."""
+        if self.rank == 0:
+            self._event("stopped", step=step, error=message)
+            summary = {"error": message, "steps": len(self.records),
+                       "losses": [r["loss"] for r in self.records]}
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        raise StopTraining(message)
+
+    def _save(self, step: int) -> None:
+        """Checkpoint the state after ``step`` with this rank's data position and RNG.
+
+        Raises:
+            StopTraining: the checkpoint folder cannot be written any more (a restart would
+                meet the same folder, so it is not worth one).
+        """
+        if (problem := checkpoint_folder_error(self.ckpt_dir)) is not None:
+            self._stop(step, f"after step {step}: {problem}")
+        batch = self.batches.global_batch
+        extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
+                 "samples_consumed": step * (batch // self.dp),
+                 "global_samples_consumed": step * batch, "global_batch": batch,
+                 "mesh_shape": self.mesh_shape}
+        self._log_checkpoint()
+        self.checkpoints.save(step, extra)
+        if self.rank == 0:
+            self._event("checkpoint", step=step, blocking_s=self.checkpoints.blocking_s[-1])
+        self._unlogged_checkpoint = step
 
     def _log_checkpoint(self) -> None:
         """Log the previous save's final blocking time (after its staging wait)."""
@@ -406,19 +467,10 @@ class Resilience:
         that this attempt finished."""
         self._event("finished", step=self.done)
         return job_accounting(self._read_events(), self.records) | {
+            "stragglers": job_stragglers(self._read_events()), "evicted": self.evicted,
+            "interrupted": self.interrupted,
             "skipped_steps": self.skipped_steps, "checkpoint_fallbacks": self.fallbacks,
             "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.config))]}
-
-
-def next_attempt(events: list[dict]) -> int:
-    """The job-wide number of a new attempt: one more than the highest attempt in the job's
-    ``events`` (0 for a new job). A torchrun restart and a ``--resume`` into the same run
-    folder both start a new attempt, so attempt numbers never repeat within a job.
-
-    >>> next_attempt([]), next_attempt([{"attempt": 0}, {"attempt": 2}])
-    (0, 3)
-    """
-    return max((e["attempt"] for e in events), default=-1) + 1
 
 
 def resumed_rng_seed(seed: int, step: int, rank: int) -> int:
@@ -430,70 +482,3 @@ def resumed_rng_seed(seed: int, step: int, rank: int) -> int:
     """
     digest = hashlib.sha256(f"meshplan-resume:{seed}:{step}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def checkpoint_blocking_times_s(events: list[dict], *, staging: bool = True) -> list[float]:
-    """Per save (in order), the time it blocked the training loop, including its staging
-    wait when that was logged (``checkpoint_staged``).
-
-    With ``staging=False``: only the save call, the part between two steps. The staging wait
-    runs inside the next step (before its optimizer step), so that step's ``step_time_s``
-    already holds it; a goodput model fed with step times adds only this part.
-    """
-    kinds = ("checkpoint", "checkpoint_staged") if staging else ("checkpoint",)
-    times: dict[tuple[int, int], float] = {}
-    for e in events:
-        if e["event"] in kinds:
-            times[(e["attempt"], e["step"])] = e["blocking_s"]
-    return list(times.values())
-
-
-def read_events(out: str | os.PathLike) -> list[dict]:
-    """The events of run folder ``out`` (``faults/events.jsonl``)."""
-    path = Path(out) / "faults" / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
-def job_accounting(events: list[dict], records: list[dict]) -> dict:
-    """Restarts, steps and wall time lost, checkpoint costs and goodput from ``events.jsonl``.
-
-    ``goodput`` is the kept steps' step time over the job's wall time (from the first attempt's
-    training start to the last step), at most 1: the kept steps ran inside that span (each
-    step's record is timed after its "resumed" event and before its "step" event; the bound
-    only absorbs clock rounding). A ``--resume`` into the same run folder is one more attempt
-    of the same job (`next_attempt`), so it counts as a restart and its wall time includes the
-    time the job stood still.
-    """
-    step_end = {}                       # step -> end time of the attempt that kept it
-    resumes = [e for e in events if e["event"] == "resumed"]
-    steps_lost, time_lost, last_done = 0, 0.0, {}
-    for e in events:
-        if e["event"] == "step":
-            last_done[e["attempt"]] = e["step"]
-    finished = {e["attempt"] for e in events if e["event"] == "finished"}
-    for prev, cur in zip(resumes, resumes[1:], strict=False):
-        done = last_done.get(prev["attempt"], prev["from_step"])
-        # an interrupted attempt also lost the step it was in; a finished one lost nothing
-        steps_lost += done + (prev["attempt"] not in finished) - cur["from_step"]
-        base = next((e["time_unix_s"] for e in reversed(events)
-                     if e["event"] == "step" and e["step"] == cur["from_step"]
-                     and e["time_unix_s"] < cur["time_unix_s"]), resumes[0]["time_unix_s"])
-        time_lost += cur["time_unix_s"] - base
-    for e in events:
-        if e["event"] == "step":
-            step_end[e["step"]] = e["time_unix_s"]
-    start = resumes[0]["time_unix_s"] if resumes else None
-    end = max(step_end.values()) if step_end else start
-    wall = (end - start) if start is not None else 0.0
-    blocking = checkpoint_blocking_times_s(events)
-    useful = sum(r["step_time_s"] for r in records)
-    return {"restarts": max(0, len(resumes) - 1), "steps_lost": steps_lost,
-            "wall_time_lost_s": time_lost, "wall_time_s": wall,
-            "restart_times_s": [cur["time_unix_s"] - next(
-                (e["time_unix_s"] for e in reversed(events) if e["event"] == "step"
-                 and e["attempt"] == prev["attempt"]), prev["time_unix_s"])
-                for prev, cur in zip(resumes, resumes[1:], strict=False)],
-            "checkpoints": len(blocking),
-            "checkpoint_blocking_s": statistics.median(blocking) if blocking else None,
-            "useful_time_s": useful,
-            "goodput": min(1.0, useful / wall) if wall > 0 else None}

@@ -50,6 +50,7 @@ from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
+from runtime.interrupts import STOP_GRACE_S, StopRequest, record_collective_error
 from runtime.launch import ERROR_PREFIX
 from runtime.metrics import comm_time_s, format_step, peak_memory_bytes, step_record, summarize
 from runtime.model import ATTENTION_IMPLS, Transformer, cross_entropy_loss
@@ -311,18 +312,23 @@ def _pipeline_step(stages, schedule, plan, amp, device) -> StepFn:
     return step
 
 
-def gather_step_stats(share: torch.Tensor, memory_bytes: int) -> tuple[float, list[int]]:
-    """One all-gather of (loss share, peak memory) over all ranks; it also syncs the ranks.
+def gather_step_stats(share: torch.Tensor, memory_bytes: int, compute_s: float = 0.0,
+                      stop_signal: int = 0) -> tuple[float, list[int], list[float], int]:
+    """One all-gather of (loss share, peak memory, compute time, stop signal) over all ranks;
+    it also syncs the ranks, and it is the only collective of the health telemetry
+    (`runtime.health`) and of a graceful stop (`runtime.interrupts`).
 
     Returns:
-        (the global mean loss = the sum of the shares, peak memory bytes per rank).
+        (the global mean loss = the sum of the shares, peak memory bytes per rank, compute
+        seconds per rank, the stop signal any rank received (0: none)).
     """
-    mine = torch.tensor([float(share), float(memory_bytes)], dtype=torch.float64,
-                        device=share.device)
-    every = torch.empty(dist.get_world_size() * 2, dtype=torch.float64, device=share.device)
+    mine = torch.tensor([float(share), float(memory_bytes), compute_s, float(stop_signal)],
+                        dtype=torch.float64, device=share.device)
+    every = torch.empty(dist.get_world_size() * 4, dtype=torch.float64, device=share.device)
     dist.all_gather_into_tensor(every, mine)
-    every = every.view(-1, 2).cpu()                              # (world, 2)
-    return float(every[:, 0].sum()), [int(m) for m in every[:, 1]]
+    every = every.view(-1, 4).cpu()                              # (world, 4)
+    return (float(every[:, 0].sum()), [int(m) for m in every[:, 1]],
+            [float(t) for t in every[:, 2]], int(every[:, 3].max()))
 
 
 def plan_notes(pf: PlanFile, backend: str) -> list[str]:
@@ -361,7 +367,9 @@ def select_device(plan_dtype: str) -> tuple[str, torch.device]:
 def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
     """Run ``config.steps`` steps of the plan; rank 0 writes the run folder."""
     backend, device = select_device(pf.plan.dtype)
+    stop_request = StopRequest()         # SIGTERM / SIGINT: stop after the step, checkpointed
     rank, _ = init_distributed(backend, config.timeout_s)
+    resilience = None
     try:
         mesh = build_mesh(pf.plan, device.type)
         ep = pf.plan.ep
@@ -389,14 +397,22 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
                     optimizer.zero_grad(set_to_none=True)
                     share = step_fn(inputs.to(device), targets.to(device))
                     optimizer.step()
-                    loss, memory = gather_step_stats(share, peak_memory_bytes(device))
+                    # this rank's part of the step, before it waits for the slowest rank
+                    loss, memory, compute, stop = gather_step_stats(
+                        share, peak_memory_bytes(device), time.perf_counter() - start,
+                        stop_request.signum)
                 record = step_record(k + 1, loss, time.perf_counter() - start, pf,
-                                     peak_memory_bytes=memory)
+                                     peak_memory_bytes=memory, compute_time_s=compute)
+                if stop:
+                    stop_request.at_step_end()
+                stop_request.grace_s = max(STOP_GRACE_S, 3 * record["step_time_s"])
                 if rank == 0:
                     records.append(record)
                     if not config.profile:
                         _log_step(out, record)
-                resilience.after_step(k + 1, loss)    # NaN policy, consumed samples, checkpoint
+                # NaN policy, consumed samples, stragglers, checkpoint
+                if resilience.after_step(k + 1, loss, compute, stop) is not None:
+                    break                             # evicted, or stopped by a signal
         resilience.close()
         if config.profile:
             out.mkdir(parents=True, exist_ok=True)
@@ -418,6 +434,11 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
         # leave together: a gloo process group torn down while a peer still receives (rank 0's
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()
+    except Exception as exc:
+        if not isinstance(exc, StopTraining):   # evidence for naming a hung peer (interrupts)
+            record_collective_error(Path(config.out_dir), rank,
+                                    resilience.done + 1 if resilience else 0, exc)
+        raise
     finally:
         dist.destroy_process_group()
 

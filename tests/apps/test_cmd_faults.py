@@ -15,7 +15,8 @@ def test_run_fault_flags_become_run_plan_keywords():
     assert run_fault_kwargs(args) == {
         "checkpoint_every": 3, "keep": 3, "resume": "runs/x/checkpoints",
         "inject": ["kill:rank=1,step=7", "nan:step=9"], "collective_timeout_s": 10.0,
-        "on_nan": "skip", "max_restarts": 2}
+        "on_nan": "skip", "max_restarts": 2, "straggler_threshold": 0.7,
+        "straggler_window": 5, "on_straggler": "warn", "spares": 0, "ranks_per_node": 1}
 
 
 def test_plan_objective_flags_parse():

@@ -1,0 +1,247 @@
+"""Evict and continue: leave a confirmed straggler's node out, re-plan, resume on the new layout.
+
+Under ``meshplan run --on-straggler evict`` the workers stop after the step that confirmed a
+straggler (`runtime.health`), with a checkpoint of that step (`runtime.resilience`). Then
+`runtime.launch.run_plan` asks this module what to do (`decide_eviction`):
+
+1. **Which ranks remain.** On one machine a "node" is a group of ``ranks_per_node``
+   consecutive ranks (rank r sits on node r // K, as torchrun numbers a multi-node job). Every
+   node that holds a straggler goes; a spare node, while there are ``spares`` left, takes a
+   bad node's place (its ranks keep their numbers, the world size stays).
+2. **The new plan.** The planner searches every legal plan of the same model and global batch
+   on each world size from the ranks that remain down to 1 (a world size whose cores are
+   shared is a different cluster, so each is searched on its own), and the fastest predicted
+   one wins (`planner.search.search`); the global batch stays, so the data position continues
+   (step k trains on samples [k·B, (k+1)·B) on any layout).
+3. **What it costs.** Staying costs the straggler's slowdown on every step left; leaving
+   costs one restart (`simulator.failures.eviction.eviction_pays`, the same rule the goodput
+   model uses). The old plan's step time with the straggler comes from the simulator's
+   straggler model (`simulator.step.simulate.estimate` with ``stragglers``), with the
+   measured slowdown (compute over the peers' median, the inverse of the relative score).
+
+The decision is logged as one line (`decision_line`) and kept in summary.json
+(``evictions``): what was seen, old plan → new plan, the predicted step time before and after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from planner.planfile import PlanFile, read_plan_file, write_plan_file
+from planner.search import search
+from planner.space import SearchSpace
+from planner.spec import PlanError
+from runtime.faults import parse_faults
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eviction:
+    """One eviction decision (all times in seconds).
+
+    Attributes:
+        seen: the confirmed stragglers (`runtime.health.StragglerDetector.observe` records).
+        step: the step the job stopped after (its checkpoint).
+        bad_nodes: nodes left out (or swapped for spares).
+        kept_ranks: old rank of each new rank (None: a spare's rank).
+        spares_used: spare nodes swapped in.
+        old_plan / new_plan: plan ids; equal when a spare took the bad node's place.
+        predicted_step_s_before: the old plan with the straggler (simulator's straggler model).
+        predicted_step_s_after: the new plan on the ranks that remain.
+        pays: whether leaving is predicted to save time over the steps left (the job leaves
+            either way: ``--on-straggler evict`` asks for it; the line says what it costs).
+        reason: the arithmetic of ``pays``.
+    """
+
+    seen: list[dict]
+    step: int
+    bad_nodes: list[int]
+    kept_ranks: list[int | None]
+    spares_used: int
+    old_plan: str
+    new_plan: str
+    predicted_step_s_before: float
+    predicted_step_s_after: float
+    pays: bool
+    reason: str
+    new_world: int = field(default=0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def surviving_ranks(world: int, bad_ranks: list[int], *, ranks_per_node: int = 1,
+                    spares: int = 0) -> tuple[list[int | None], list[int], int]:
+    """(old rank of each new rank (None: a spare's), bad nodes, spares used).
+
+    >>> surviving_ranks(4, [1], ranks_per_node=1)
+    ([0, 2, 3], [1], 0)
+    >>> surviving_ranks(4, [1], ranks_per_node=2)
+    ([2, 3], [0], 0)
+    >>> surviving_ranks(4, [1], ranks_per_node=2, spares=1)
+    ([None, None, 2, 3], [0], 1)
+
+    Raises:
+        PlanError: ``ranks_per_node`` does not divide ``world``, or a rank is out of range.
+    """
+    if ranks_per_node < 1 or world % ranks_per_node:
+        raise PlanError(f"--ranks-per-node={ranks_per_node} must divide the world size "
+                        f"{world}; use one of "
+                        f"{[k for k in range(1, world + 1) if world % k == 0]}")
+    if any(not 0 <= r < world for r in bad_ranks):
+        raise PlanError(f"straggler ranks {bad_ranks} are not all in [0, {world})")
+    bad_nodes = sorted({r // ranks_per_node for r in bad_ranks})
+    swapped = set(bad_nodes[:max(0, spares)])
+    kept: list[int | None] = []
+    for rank in range(world):
+        node = rank // ranks_per_node
+        if node in swapped:
+            kept.append(None)
+        elif node not in bad_nodes:
+            kept.append(rank)
+    return kept, bad_nodes, len(swapped)
+
+
+def remap_faults(specs: list[str], kept: list[int | None]) -> list[str]:
+    """The injected faults that still apply after an eviction, renumbered to the new ranks:
+    a fault of a rank that left (or whose place a spare took) is gone with its device.
+
+    >>> remap_faults(["slow:rank=1,factor=3", "kill:rank=3,step=9"], [0, 2, 3])
+    ['kill:rank=2,step=9']
+    """
+    out = []
+    for fault in parse_faults(specs):
+        if fault.rank is None:
+            out.append(fault.spec)
+        elif fault.rank in kept:
+            out.append(replace(fault, rank=kept.index(fault.rank)).spec)
+    return out
+
+
+def best_plan_on(pf: PlanFile, max_world: int) -> tuple[PlanFile, float]:
+    """The fastest predicted plan file of ``pf``'s model and global batch on at most
+    ``max_world`` ranks of ``pf``'s localhost cluster, and its predicted step time (s).
+
+    Raises:
+        PlanError: no legal plan on any world size up to ``max_world``.
+    """
+    from simulator.network.cluster import load_cluster
+    best = None
+    ref = pf.cluster
+    for world in range(max_world, 0, -1):
+        cluster = load_cluster(ref.path or ref.name, ranks=world, cpu_profile=ref.cpu_profile)
+        result = search(pf.model, cluster, global_batch=pf.plan.global_batch, num_devices=world,
+                        dtype=pf.plan.dtype, space=SearchSpace(cp=(1,)), top_k=3,
+                        explain=False)
+        if result.ranked.empty:
+            continue
+        plan = result.plans[result.ranked.iloc[0]["id"]]
+        pred = result.predictions[plan.id]
+        if best is None or pred.step_time_s < best[1]:
+            best = (PlanFile(model=pf.model, plan=plan, prediction=pred.to_dict(),
+                             cluster=replace(ref, ranks=world)), pred.step_time_s)
+    if best is None:
+        raise PlanError(f"no legal plan of {pf.model.name} with global_batch="
+                        f"{pf.plan.global_batch} on 1 to {max_world} ranks")
+    return best
+
+
+def straggler_step_s(pf: PlanFile, seen: list[dict]) -> float:
+    """Predicted step time of ``pf``'s plan with the ``seen`` stragglers at their measured
+    slowdown (compute time over the peers' median); ``seen=[]``: healthy."""
+    from simulator.network.cluster import load_cluster
+    from simulator.step.simulate import estimate
+    ref = pf.cluster
+    cluster = load_cluster(ref.path or ref.name, ranks=pf.plan.world_size,
+                           cpu_profile=ref.cpu_profile)
+    factors = {s["rank"]: max(1.0, s["compute_time_s"] / s["peers_median_s"]) for s in seen}
+    return estimate(pf.model, pf.plan, cluster, stragglers=factors or None).step_time_s
+
+
+def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_per_node: int,
+                    spares: int, restart_s: float) -> tuple[Eviction, PlanFile]:
+    """What to do about the stragglers of ``evicted`` (summary.json's ``evicted``: step,
+    ranks, stragglers) of the job running ``plan_path`` for ``steps`` steps (module
+    docstring). Returns the decision and the plan file to resume with.
+
+    Args:
+        restart_s: the time one stop-and-resume costs (measured restarts of this job, or the
+            default of `simulator.failures.eviction`).
+    """
+    from simulator.failures.eviction import eviction_pays
+    pf = read_plan_file(plan_path)
+    world = pf.plan.world_size
+    kept, bad_nodes, used = surviving_ranks(world, evicted["ranks"],
+                                            ranks_per_node=ranks_per_node, spares=spares)
+    before = straggler_step_s(pf, evicted["stragglers"])
+    if used and len(kept) == world:            # spares took every bad node's place
+        new_pf, after = pf, straggler_step_s(pf, [])
+    elif not kept:
+        raise PlanError(f"every node holds a straggler (ranks {evicted['ranks']}, "
+                        f"--ranks-per-node {ranks_per_node}); nothing is left to resume on")
+    else:
+        new_pf, after = best_plan_on(pf, len(kept))
+    left = steps - evicted["step"]
+    pays = eviction_pays(step_s_staying=before, step_s_after=after, steps_left=left,
+                         restart_s=restart_s)
+    reason = (f"{left} steps left x ({before:.3f} - {after:.3f}) s = "
+              f"{left * (before - after):.1f} s saved "
+              f"{'>' if pays else '<='} restart {restart_s:.1f} s")
+    decision = Eviction(seen=evicted["stragglers"], step=evicted["step"], bad_nodes=bad_nodes,
+                        kept_ranks=kept, spares_used=used, old_plan=pf.plan.id,
+                        new_plan=new_pf.plan.id, predicted_step_s_before=before,
+                        predicted_step_s_after=after, pays=pays, reason=reason,
+                        new_world=new_pf.plan.world_size)
+    return decision, new_pf
+
+
+def decision_line(d: Eviction) -> str:
+    """``meshplan evict: rank 1 (score 0.33) on node 1 ... tp1-pp1-dp4 -> ...``."""
+    seen = ", ".join(f"rank {s['rank']} (relative score {s['score']:.2f})" for s in d.seen)
+    verb = f"swapped {d.spares_used} spare node(s) in for" if d.spares_used else "left out"
+    return (f"meshplan evict: after step {d.step} saw {seen}; {verb} node(s) {d.bad_nodes} "
+            f"({len(d.kept_ranks)} ranks left); plan {d.old_plan} -> {d.new_plan}; predicted "
+            f"step {d.predicted_step_s_before:.3f} s with the straggler -> "
+            f"{d.predicted_step_s_after:.3f} s ({d.reason})")
+
+
+def write_evicted_plan(out: Path, number: int, pf: PlanFile) -> Path:
+    """Write the plan file a job resumes with after its ``number``-th eviction."""
+    return write_plan_file(Path(out) / f"plan-evict{number}.yaml", pf)
+
+
+def continue_after_eviction(plan_path, summary: dict, *, out: Path, steps: int,
+                            inject: list[str], spares: int, ranks_per_node: int, relaunch,
+                            quiet: bool = False) -> dict:
+    """Decide on the stragglers that stopped the job (``summary["evicted"]``), log the
+    decision, and resume the job from its checkpoint on the new plan (or the same plan with
+    spares swapped in) through ``relaunch(plan_path, nproc, inject, spares_left)``; returns
+    the whole job's summary with ``evictions`` (every decision, in order).
+
+    Restart cost of the decision: the job's measured restarts (``restart_times_s``), else
+    `simulator.failures.eviction.LOCAL_RESTART_S`.
+    """
+    import json
+    import statistics
+
+    from simulator.failures.eviction import LOCAL_RESTART_S
+    measured = summary.get("restart_times_s") or []
+    restart_s = statistics.median(measured) if measured else LOCAL_RESTART_S
+    decision, new_pf = decide_eviction(plan_path, summary["evicted"], steps=steps,
+                                       ranks_per_node=ranks_per_node, spares=spares,
+                                       restart_s=restart_s)
+    line = decision_line(decision)
+    if not quiet:
+        print(line, flush=True)
+    earlier = summary.get("evictions") or []
+    number = len(earlier) + 1
+    new_path = plan_path if new_pf.plan.id == read_plan_file(plan_path).plan.id and \
+        decision.spares_used else write_evicted_plan(out, number, new_pf)
+    final = relaunch(new_path, new_pf.plan.world_size,
+                     remap_faults(inject, decision.kept_ranks), spares - decision.spares_used)
+    # the relaunch's own evictions (a later straggler) come after this one
+    final["evictions"] = earlier + [decision.to_dict() | {"line": line,
+                                                           "plan_file": str(new_path)}] \
+        + (final.get("evictions") or [])
+    (out / "summary.json").write_text(json.dumps(final, indent=2) + "\n")
+    return final
