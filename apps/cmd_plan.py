@@ -68,6 +68,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
     require_positive(args, "--top-k", allow_zero=True)
+    require_positive(args, "--prune")
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)

@@ -37,6 +37,10 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     "schedule, recompute, zero_stage, sequence_parallel, placement "
                     "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
     sp.add_argument("--csv", help="write ranked.csv and rejected.csv into this folder")
+    sp.add_argument("--prune", type=int, metavar="K",
+                    help="cost only the plans whose compute-only lower bound can beat the "
+                    "K-th best estimate (the top K and their order are unchanged; the ranked "
+                    "table then holds only the plans costed); default: cost every plan")
     sp.add_argument("--show-rejected", type=int, default=0, metavar="N",
                     help="print the rejected table: N rows per kind (tp, cp, layers, batch, "
                     "schedule, devices, memory)")
@@ -97,7 +101,8 @@ def search_kwargs(args: argparse.Namespace) -> dict:
     return {"space": parse_fixed(getattr(args, "fix", None) or []),
             "num_devices": getattr(args, "devices", None),
             "max_devices": getattr(args, "max_devices", None),
-            "memory_headroom": getattr(args, "memory_headroom", None) or 0.95}
+            "memory_headroom": getattr(args, "memory_headroom", None) or 0.95,
+            "prune": getattr(args, "prune", None)}
 
 
 def json_extras(result) -> dict:

@@ -23,6 +23,7 @@ from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
     collective_time_s,
+    memo_enabled,
     p2p_boundary_time_s,
     p2p_time_on_cluster_s,
 )
@@ -34,7 +35,7 @@ from simulator.step.compute import (
     load_efficiency,
 )
 from simulator.step.cpu_model import cpu_stage_costs
-from simulator.step.memory import optimizer_bytes_per_param, stage_params
+from simulator.step.memory import optimizer_bytes_per_param, params_per_stage, stage_params
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 
 
@@ -139,10 +140,12 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
 
 
 def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
-                      bandwidth: float, options: SimOptions) -> dict[str, float]:
+                      bandwidth: float, options: SimOptions,
+                      params: float | None = None) -> dict[str, float]:
     # ZeRO 1/2 (distributed optimizer): reduce-scatter gradients, all-gather the updated
-    # 16-bit weights. ZeRO-3 reduces per layer (`_zero3_layer_comm`).
-    params = stage_params(model, plan, stage)
+    # 16-bit weights. ZeRO-3 reduces per layer (`_zero3_layer_comm`). ``params``: the
+    # stage's `stage_params` when the caller has it.
+    params = stage_params(model, plan, stage) if params is None else params
     d = DTYPE_BYTES[plan.dtype]
     g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
     grads = params * g
@@ -177,7 +180,6 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
                  host_re: float) -> tuple[float, float, float, float]:
     # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm) of one micro-batch of a
     # chunk of ``layers`` blocks on pipeline rank ``rank``.
-    e_fwd, e_bwd, e_host = edge
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
     z_fwd, z_bwd = _zero3_layer_comm(model, plan, cluster, rank, options)
@@ -208,11 +210,66 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
         fwd_comm, bwd_comm = fwd_comm + z_fwd, bwd_comm + z_bwd
     # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
     # so only device + comm beyond the host time is exposed communication.
-    dev_f, dev_b = layers * fwd_dev + e_fwd, layers * bwd_dev + e_bwd
-    fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
-    bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
+    fwd, bwd, dev_f, dev_b = _chunk_compute(plan, layers, lc, edge, host_re)
     return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd),
             max(0.0, dev_b + layers * bwd_comm - bwd))
+
+
+def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
+                   host_re: float) -> tuple[float, float, float, float]:
+    # (fwd, bwd, fwd device, bwd device) seconds of one micro-batch of a chunk: a pass takes
+    # max(device time, host launch time).
+    e_fwd, e_bwd, e_host = edge
+    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
+    dev_f, dev_b = layers * lc.fwd_s + e_fwd, layers * (lc.bwd_s + recompute) + e_bwd
+    fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
+    bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
+    return fwd, bwd, dev_f, dev_b
+
+
+def _compute_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
+    # (efficiency, device, layer compute, host recompute s) shared by every chunk of a plan.
+    eff, dev = _efficiency(cluster, options), _device(cluster)
+    lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
+                       options.attention, plan.dtype, dev, eff, plan.cp)
+    host_re = {"full": lc.host_fwd_s, "none": 0.0,
+               "selective": eff.host_op_s * 4}[plan.recompute]
+    return eff, dev, lc, host_re
+
+
+def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
+                       options: SimOptions = DEFAULT_OPTIONS) -> float:
+    """A compute-only lower bound of the closed-form step time
+    (`simulator.step.pipeline.estimate_pipeline` over `stage_costs`), in seconds.
+
+    With C_r = the forward + backward compute of one micro-batch on pipeline rank r (its
+    chunks summed, no communication): ``m·max_r C_r + (Σ_r C_r − max_r C_r)/v``. The closed
+    form is the same expression over C_r plus each chunk's exposed communication, plus P2P
+    and the DP / optimizer tail, all ≥ 0; the expression grows with every C_r (its slope is
+    m − 1/v + 1/v ≥ 0 in the largest and 1/v in the others), so it is never above the step.
+    0 on a calibrated CPU cluster (its costs come from measured tables, not this model).
+
+    Raises:
+        PlanError: as `stage_costs`.
+    """
+    check_plan(model, plan)
+    check_cluster(plan, cluster)
+    if cluster.cpu_profile is not None and plan.cp == 1:
+        return 0.0
+    eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
+    chunks = plan.layers_per_stage(model)
+    pp, work, seen = plan.pp, [0.0] * plan.pp, {}
+    for g, layers in enumerate(chunks):
+        first, last = g == 0, g == len(chunks) - 1
+        key = (layers, first, last)
+        if key not in seen:
+            edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff,
+                                first=first, last=last, cp=plan.cp)
+            fwd, bwd, _, _ = _chunk_compute(plan, layers, lc, edge, host_re)
+            seen[key] = fwd + bwd
+        work[g % pp] += seen[key]
+    busiest = max(work)
+    return plan.num_microbatches * busiest + (sum(work) - busiest) / plan.virtual_stages
 
 
 def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
@@ -235,11 +292,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
             return calibrated
-    eff, dev = _efficiency(cluster, options), _device(cluster)
-    lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                       options.attention, plan.dtype, dev, eff, plan.cp)
-    host_re = {"full": lc.host_fwd_s, "none": 0.0,
-               "selective": eff.host_op_s * 4}[plan.recompute]
+    eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     bandwidth = dev.memory_bandwidth_Bps * eff.memory_fraction
     act_bytes = plan.micro_batch * model.seq_len // plan.cp * model.hidden \
         * DTYPE_BYTES[plan.dtype]
@@ -248,21 +301,30 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     p2p_bytes = act_bytes / plan.tp if options.p2p_scatter_gather else act_bytes
     pp, stride = plan.pp, mesh_strides(plan)["pp"]
     chunks = plan.layers_per_stage(model)
+    params = params_per_stage(model, plan)
+    # Chunks of one plan differ only by their layers, their edges (embedding, logits) and,
+    # with cp > 1, the devices of their CP ring: the TP and ZeRO-3 groups are concurrent
+    # ranges, costed by stride and size alone (`simulator.network.collectives`). So equal
+    # chunks are costed once (unless the cost memo is off), and so are equal DP tails.
+    memo: dict | None = {} if memo_enabled() else None
     out = []
     for g, layers in enumerate(chunks):
         rank = g % pp
-        e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
-                                            eff, first=g == 0, last=g == len(chunks) - 1,
-                                            cp=plan.cp)
-        fwd, bwd, fwd_comm, bwd_comm = _chunk_times(
-            model, plan, cluster, options, rank, layers, lc, (e_fwd, e_bwd, e_host), host_re)
+        first, last = g == 0, g == len(chunks) - 1
+        key = (layers, first, last, rank if plan.cp > 1 else -1)
+        times = None if memo is None else memo.get(key)
+        if times is None:
+            edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff,
+                                first=first, last=last, cp=plan.cp)
+            times = _chunk_times(model, plan, cluster, options, rank, layers, lc, edge, host_re)
+            if memo is not None:
+                memo[key] = times
+        fwd, bwd, fwd_comm, bwd_comm = times
+        tail = _tail(model, plan, cluster, rank, bandwidth, options, params[rank], fwd, memo) \
+            if g < pp else {}
+        extra = options.p2p_overhead_s
         src = rank * stride
         nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
-        tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \
-            if g < pp else {}
-        if tail and options.overlap_param_gather:
-            tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
-        extra = options.p2p_overhead_s
         p2p_f = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, nxt) + extra \
             if g < len(chunks) - 1 else 0.0
         p2p_b = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, prv) + extra if g > 0 else 0.0
@@ -272,3 +334,19 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             fwd_comm_s=fwd_comm + block_f, bwd_comm_s=bwd_comm + block_b,
             p2p_fwd_s=p2p_f - block_f, p2p_bwd_s=p2p_b - block_b, **tail))
     return out
+
+
+def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: float,
+          options: SimOptions, params: float, fwd: float, memo: dict | None) -> dict:
+    # A rank's once-per-step DP reduction, weight gather and optimizer (`_dp_and_optimizer`);
+    # the DP group of every rank is a concurrent range of one stride and size, so ranks with
+    # equal parameters have equal tails.
+    key = ("tail", params, fwd)
+    if memo is not None and key in memo:
+        return dict(memo[key])
+    tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options, params)
+    if options.overlap_param_gather:
+        tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
+    if memo is not None:
+        memo[key] = dict(tail)
+    return tail

@@ -45,8 +45,13 @@ def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
     ...     global_batch=8, dtype="fp32", schedule="interleaved-1f1b", virtual_stages=2), 1)
     787456.0
     """
-    sizes = plan.layers_per_stage(model)
-    params = sizes[chunk] * model.layer_params() / plan.tp
+    return _chunk_params(model, plan, chunk, plan.layers_per_stage(model), model.layer_params())
+
+
+def _chunk_params(model: ModelSpec, plan: Plan, chunk: int, sizes: tuple[int, ...],
+                  layer: int) -> float:
+    # `chunk_params` with the chunk sizes and one block's parameters already known.
+    params = sizes[chunk] * layer / plan.tp
     if chunk == 0:
         params += model.embedding_params() / plan.tp
     if chunk == len(sizes) - 1:
@@ -59,8 +64,23 @@ def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
 def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding): the sum of
     its chunks' `chunk_params` (one chunk unless interleaved)."""
-    return sum(chunk_params(model, plan, c)
-               for c in range(stage, plan.pp * plan.virtual_stages, plan.pp))
+    return params_per_stage(model, plan)[stage]
+
+
+def params_per_stage(model: ModelSpec, plan: Plan) -> list[float]:
+    """`stage_params` of every pipeline stage, in stage order.
+
+    >>> from planner.presets import load_model
+    >>> p = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8, dtype="fp32",
+    ...          schedule="interleaved-1f1b", virtual_stages=2)
+    >>> m = load_model("tiny-gpt")
+    >>> c = [chunk_params(m, p, g) for g in range(4)]  # chunk g sits on rank g % pp
+    >>> params_per_stage(m, p) == [c[0] + c[2], c[1] + c[3]]
+    True
+    """
+    sizes, layer = plan.layers_per_stage(model), model.layer_params()
+    chunks = [_chunk_params(model, plan, c, sizes, layer) for c in range(len(sizes))]
+    return [sum(chunks[stage::plan.pp]) for stage in range(plan.pp)]
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:
@@ -173,14 +193,13 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     d = DTYPE_BYTES[plan.dtype]
     per_layer = layer_activation_bytes(model, plan, attention)
     chunks = plan.layers_per_stage(model)
+    z, shard = plan.zero_stage, plan.dp_cp
+    g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
+        (d, optimizer_bytes_per_param(plan.dtype))
     out = []
-    for stage in range(plan.pp):
-        params = stage_params(model, plan, stage)
+    for stage, params in enumerate(params_per_stage(model, plan)):
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        z, shard = plan.zero_stage, plan.dp_cp
-        g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
-            (d, optimizer_bytes_per_param(plan.dtype))
         out.append(MemoryBreakdown(
             weights_bytes=params * d / (shard if z >= 3 else 1),
             gradients_bytes=params * g / (shard if z >= 2 else 1),
