@@ -21,7 +21,7 @@ from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import ModelSpec, Plan, PlanError
 from simulator.network.cluster import Cluster
 from simulator.step.costs import DEFAULT_OPTIONS, step_lower_bound_s
-from simulator.step.memory import MemoryBreakdown, memory_per_stage
+from simulator.step.memory import MemoryBreakdown, worst_stage_memory
 from simulator.step.simulate import StepPrediction, estimate, simulate
 
 RANKED_COLUMNS = ["id", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "recompute",
@@ -83,9 +83,7 @@ def memory_reason(need: MemoryBreakdown, stage: int, limit_bytes: float) -> str:
 
 def worst_stage(model: ModelSpec, plan: Plan) -> tuple[int, MemoryBreakdown]:
     """(stage, breakdown) of the pipeline stage that needs the most memory."""
-    stages = memory_per_stage(model, plan, attention=DEFAULT_OPTIONS.attention)
-    worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
-    return worst, stages[worst]
+    return worst_stage_memory(model, plan, attention=DEFAULT_OPTIONS.attention)
 
 
 def out_of_memory_reason(model: ModelSpec, plan: Plan, cluster: Cluster,

@@ -548,16 +548,33 @@ def p2p_boundary_time_s(cluster: Cluster, plan: Plan, size_bytes: float, src: in
     """
     if src == dst or size_bytes <= 0:
         return 0.0
-    stride = mesh_strides(plan)["pp"]
+    return boundary_send_time_s(cluster, size_bytes, src, dst, pp_stride=mesh_strides(plan)["pp"],
+                                pp=plan.pp)
+
+
+def boundary_send_time_s(cluster: Cluster, size_bytes: float, src: int, dst: int, *,
+                         pp_stride: int, pp: int) -> float:
+    """`p2p_boundary_time_s` for a pipeline of ``pp`` stages whose stage s starts at device
+    s · ``pp_stride`` (what it reads of the plan).
+
+    >>> from simulator.network.cluster import load_cluster
+    >>> c = load_cluster("dgx-a100", nodes=2)
+    >>> p = Plan(tp=8, pp=2, dp=1, micro_batch=1, global_batch=8)
+    >>> boundary_send_time_s(c, 1e6, 0, 8, pp_stride=8, pp=2) == p2p_boundary_time_s(c, p, 1e6,
+    ...                                                                              0, 8)
+    True
+    """
+    if src == dst or size_bytes <= 0:
+        return 0.0
     if not _MEMO["on"]:
-        flows, link = _boundary_flows(cluster, stride, plan.pp, src, dst)
+        flows, link = _boundary_flows(cluster, pp_stride, pp, src, dst)
     else:
         # The flows depend on the pipeline layout and the two devices, not on the bytes.
         memo = cluster._links.setdefault("p2p", {})
-        key = (stride, plan.pp, src, dst)
+        key = (pp_stride, pp, src, dst)
         found = memo.get(key)
         if found is None:
-            found = memo[key] = _boundary_flows(cluster, stride, plan.pp, src, dst)
+            found = memo[key] = _boundary_flows(cluster, pp_stride, pp, src, dst)
         flows, link = found
     return p2p_time_s(flows * size_bytes, link.bandwidth_Bps, link.latency_s)
 

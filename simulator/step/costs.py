@@ -22,9 +22,9 @@ from planner.mesh import group_ranks, mesh_strides
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
+    boundary_send_time_s,
     collective_time_s,
     memo_enabled,
-    p2p_boundary_time_s,
     p2p_time_on_cluster_s,
 )
 from simulator.step.compute import (
@@ -228,7 +228,21 @@ def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float,
 
 
 def _compute_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
-    # (efficiency, device, layer compute, host recompute s) shared by every chunk of a plan.
+    # (efficiency, device, layer compute, host recompute s) shared by every chunk of a plan;
+    # memoised on the cluster per (model, options) object and the fields it reads (the
+    # objects are kept with the entry, so their ids stay theirs).
+    if not memo_enabled():
+        return _fresh_setup(model, plan, cluster, options)
+    memo = cluster._links.setdefault("setup", {})
+    key = (id(model), id(options), plan.micro_batch, plan.tp, plan.sequence_parallel,
+           plan.dtype, plan.cp, plan.recompute)
+    hit = memo.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not options:
+        hit = memo[key] = (model, options, *_fresh_setup(model, plan, cluster, options))
+    return hit[2:]
+
+
+def _fresh_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
                        options.attention, plan.dtype, dev, eff, plan.cp)
@@ -325,14 +339,21 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         extra = options.p2p_overhead_s
         src = rank * stride
         nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
-        p2p_f = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, nxt) + extra \
-            if g < len(chunks) - 1 else 0.0
-        p2p_b = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, prv) + extra if g > 0 else 0.0
+        p2p_f = boundary_send_time_s(cluster, p2p_bytes, src, nxt, pp_stride=stride, pp=pp) \
+            + extra if g < len(chunks) - 1 else 0.0
+        p2p_b = boundary_send_time_s(cluster, p2p_bytes, src, prv, pp_stride=stride, pp=pp) \
+            + extra if g > 0 else 0.0
         block_f, block_b = (p2p_f, p2p_b) if options.blocking_p2p else (0.0, 0.0)
-        out.append(StageCosts(
-            fwd_compute_s=fwd, bwd_compute_s=bwd,
-            fwd_comm_s=fwd_comm + block_f, bwd_comm_s=bwd_comm + block_b,
-            p2p_fwd_s=p2p_f - block_f, p2p_bwd_s=p2p_b - block_b, **tail))
+        fields = (fwd, bwd, fwd_comm + block_f, bwd_comm + block_b, p2p_f - block_f,
+                  p2p_b - block_b)
+        entry = None if tail or memo is None else memo.get(fields)  # equal entries: one object
+        if entry is None:
+            entry = StageCosts(fwd_compute_s=fields[0], bwd_compute_s=fields[1],
+                               fwd_comm_s=fields[2], bwd_comm_s=fields[3],
+                               p2p_fwd_s=fields[4], p2p_bwd_s=fields[5], **tail)
+            if not tail and memo is not None:
+                memo[fields] = entry
+        out.append(entry)
     return out
 
 

@@ -79,7 +79,15 @@ def params_per_stage(model: ModelSpec, plan: Plan) -> list[float]:
     True
     """
     sizes, layer = plan.layers_per_stage(model), model.layer_params()
-    chunks = [_chunk_params(model, plan, c, sizes, layer) for c in range(len(sizes))]
+    last, inner = len(sizes) - 1, {}
+    chunks = []
+    for c, size in enumerate(sizes):
+        if 0 < c < last:  # an inner chunk: its blocks only, equal for equal sizes
+            if size not in inner:
+                inner[size] = _chunk_params(model, plan, c, sizes, layer)
+            chunks.append(inner[size])
+        else:
+            chunks.append(_chunk_params(model, plan, c, sizes, layer))
     return [sum(chunks[stage::plan.pp]) for stage in range(plan.pp)]
 
 
@@ -190,20 +198,58 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
+    return [MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
+                            activations_bytes=a, overhead_bytes=overhead_bytes)
+            for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads)]
+
+
+#: Schedules whose micro-batches in flight never grow from one stage to the next.
+MONOTONE_IN_FLIGHT = ("1f1b", "gpipe", "interleaved-1f1b")
+
+
+def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
+                       attention: str = "unfused", *,
+                       fp32_main_grads: bool = False) -> tuple[int, MemoryBreakdown]:
+    """``(stage, breakdown)`` of the stage of `memory_per_stage` that needs the most (the
+    first of equals), without building the others' breakdowns.
+
+    >>> from planner.presets import load_model
+    >>> m, p = load_model("tiny-gpt"), Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8)
+    >>> stages = memory_per_stage(m, p)
+    >>> worst_stage_memory(m, p) == max(enumerate(stages), key=lambda s: s[1].total_bytes)
+    True
+    """
+    # With equal chunks the inner stages hold equal weights and layers and, in these
+    # schedules, no more micro-batches in flight than the stage before them
+    # (`microbatches_in_flight`): only stages 0, 1 and pp − 1 can be the first worst.
+    stages = None
+    if plan.stage_layers is None and plan.schedule in MONOTONE_IN_FLIGHT:
+        stages = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
+    worst, parts, top = 0, None, -1.0
+    for stage, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads, stages):
+        total = w + g + o + a + overhead_bytes  # as `MemoryBreakdown.total_bytes` sums
+        if total > top:
+            worst, parts, top = stage, (w, g, o, a), total
+    w, g, o, a = parts
+    return worst, MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
+                                  activations_bytes=a, overhead_bytes=overhead_bytes)
+
+
+def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
+                 stages: list[int] | None = None):
+    # (stage, (weights, gradients, optimizer, activations) bytes) of each stage (or of
+    # ``stages``), as `memory_per_stage` documents them.
     d = DTYPE_BYTES[plan.dtype]
     per_layer = layer_activation_bytes(model, plan, attention)
     chunks = plan.layers_per_stage(model)
     z, shard = plan.zero_stage, plan.dp_cp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
-    out = []
-    for stage, params in enumerate(params_per_stage(model, plan)):
+    params = params_per_stage(model, plan)
+    for stage in range(plan.pp) if stages is None else stages:
         layers = sum(chunks[stage::plan.pp])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        out.append(MemoryBreakdown(
-            weights_bytes=params * d / (shard if z >= 3 else 1),
-            gradients_bytes=params * g / (shard if z >= 2 else 1),
-            optimizer_bytes=params * o / (shard if z >= 1 else 1),
-            activations_bytes=acts * microbatches_in_flight(plan, stage),
-            overhead_bytes=overhead_bytes))
-    return out
+        p = params[stage]
+        yield stage, (p * d / (shard if z >= 3 else 1), p * g / (shard if z >= 2 else 1),
+                      p * o / (shard if z >= 1 else 1),
+                      acts * microbatches_in_flight(plan, stage))

@@ -60,3 +60,16 @@ def test_p2p_memo_is_per_layout_not_per_size():
     link = cluster.link(4, 8)
     assert two - one == pytest.approx(one - link.latency_s, rel=1e-9)
     assert len(cluster._links["p2p"]) == 1
+
+
+@pytest.mark.parametrize("plan", PLANS + [
+    Plan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=64, schedule="gpipe"),
+    Plan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=64, stage_layers=(4, 10, 10, 8))],
+    ids=lambda p: p.id)
+def test_worst_stage_is_the_largest_of_every_stage(plan):
+    # reference: every stage's breakdown, the first of the largest
+    from simulator.step.memory import memory_per_stage, worst_stage_memory
+    model = load_model("llama3-8b")
+    stages = memory_per_stage(model, plan, attention="flash")
+    worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
+    assert worst_stage_memory(model, plan, attention="flash") == (worst, stages[worst])
