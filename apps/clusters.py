@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.planfile import ClusterRef, PlanFile
+from planner.precision import storage_dtype
 from planner.spec import Plan, PlanError
 
 if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
@@ -94,14 +95,21 @@ def profile_line(cluster: Cluster) -> str:
 def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> ClusterRef:
     """The plan file's block for ``plan`` on ``cluster`` (``source``: the --cluster value,
     recorded as the file's path when it is not a preset)."""
+    import yaml
+
     from simulator.network.cluster import cluster_names
     localhost = cluster.nics_per_node == 0
-    path = None if source is None or source in cluster_names() else str(Path(source))
+    path = spec = None
+    if source is not None and source not in cluster_names():
+        # the file's contents travel with the plan; its absolute path says where it came from
+        path = str(Path(source).resolve())
+        spec = yaml.safe_load(Path(source).read_text(encoding="utf-8"))
     profile = cluster.cpu_profile
     return ClusterRef(name=cluster.name, nodes=cluster.num_nodes,
                       ranks=plan.world_size if localhost else None, path=path,
                       cpu_profile=profile.path if profile is not None and profile.path else None,
-                      peak_flops_per_device=cluster.device.peak(plan.dtype))
+                      peak_flops_per_device=cluster.device.peak(storage_dtype(plan.dtype)),
+                      spec=spec)
 
 
 def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluster:
@@ -112,10 +120,18 @@ def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluste
         PlanError: the cluster or its profile file cannot be loaded (the message names it);
             a ``cpu_profile`` for a GPU cluster.
     """
-    from simulator.network.cluster import load_cluster
+    from simulator.network.cluster import cluster_from_spec, load_cluster
     ref = pf.cluster
     source, nodes = ref.path or ref.name, None if ref.is_localhost else ref.nodes
     ranks = (ref.ranks or pf.plan.world_size) if ref.is_localhost else None
+    if ref.spec is not None:
+        # the embedded cluster file: the plan simulates where that file is not
+        profile = ref.cpu_profile if cpu_profile is None else resolve_cpu_profile(cpu_profile)
+        if cpu_profile is not None and ref.spec.get("kind") != "localhost":
+            raise PlanError(f"--cpu-profile applies only to localhost clusters; "
+                            f"{ref.name!r} is a GPU cluster")
+        return cluster_from_spec(ref.name, ref.spec, nodes=nodes, ranks=ranks,
+                                 cpu_profile=profile)
     if cpu_profile is not None:
         return cluster_from_flags(source, nodes, ranks, cpu_profile)
     return load_cluster(source, nodes=nodes, ranks=ranks, cpu_profile=ref.cpu_profile)

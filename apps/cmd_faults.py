@@ -38,17 +38,13 @@ def restart_line(summary: dict) -> str | None:
 def goodput_ranked(console, result, model, cluster, args: argparse.Namespace):
     """`meshplan plan --objective goodput`: re-rank ``result`` and print the best plan's
     goodput figures."""
-    from planner.objective import hours_to_s, rank_by_goodput
-    node_mtbf = args.node_mtbf_hours
+    from planner.objective import rank_by_goodput
     a = goodput_assumptions(args)
-    result = rank_by_goodput(result, model, device_mtbf_s=hours_to_s(args.mtbf_hours),
-                             devices_per_node=cluster.devices_per_node,
-                             node_mtbf_s=None if node_mtbf is None else hours_to_s(node_mtbf),
-                             restart_s=a["restart_s"], spare_delay_s=a["spare_delay_s"])
+    result = rank_by_goodput(result, model, devices_per_node=cluster.devices_per_node, **a)
     if not result.ranked.empty and not args.json:
         best = result.ranked.iloc[0]
         console.print(
-            f"ranked by goodput (device MTBF {args.mtbf_hours:g} h, restart "
+            f"ranked by goodput (device MTBF {a['device_mtbf_s'] / 3600:g} h, restart "
             f"{a['restart_s']:g} s, spare swap {a['spare_delay_s']:g} s): best {best['id']}: "
             f"goodput {best['goodput']:.3f}, job MTBF {best['job_mtbf_s'] / 3600:.2f} h, "
             f"checkpoint {best['checkpoint_s']:.1f} s every "
@@ -64,19 +60,27 @@ def goodput_assumptions(args: argparse.Namespace) -> dict:
         PlanError: ``--spare-delay-s`` without ``--node-mtbf-hours`` (only node failures wait
             for a spare, so the delay would change nothing).
     """
-    from planner.objective import RESTART_S, STORAGE_BANDWIDTH_BPS, WRITER_BANDWIDTH_BPS
+    from planner.objective import (
+        DEVICE_MTBF_HOURS,
+        RESTART_S,
+        STORAGE_BANDWIDTH_BPS,
+        WRITER_BANDWIDTH_BPS,
+        hours_to_s,
+    )
     spare = getattr(args, "spare_delay_s", None)
     node = getattr(args, "node_mtbf_hours", None)
     if spare and node is None:
         raise PlanError(f"--spare-delay-s={spare:g} only delays node failures; give "
                         "--node-mtbf-hours H too (e.g. --node-mtbf-hours 20000)")
     restart = getattr(args, "restart_s", None)
-    return {"device_mtbf_s": args.mtbf_hours * 3600.0,
-            "node_mtbf_s": None if node is None else node * 3600.0,
+    mtbf = getattr(args, "mtbf_hours", None)
+    storage, writer = getattr(args, "storage_gbps", None), getattr(args, "writer_gbps", None)
+    return {"device_mtbf_s": hours_to_s(DEVICE_MTBF_HOURS if mtbf is None else mtbf),
+            "node_mtbf_s": None if node is None else hours_to_s(node),
             "restart_s": RESTART_S if restart is None else restart,
             "spare_delay_s": spare or 0.0,
-            "storage_bandwidth_Bps": STORAGE_BANDWIDTH_BPS,
-            "writer_bandwidth_Bps": WRITER_BANDWIDTH_BPS}
+            "storage_bandwidth_Bps": STORAGE_BANDWIDTH_BPS if storage is None else storage * 1e9,
+            "writer_bandwidth_Bps": WRITER_BANDWIDTH_BPS if writer is None else writer * 1e9}
 
 
 def goodput_json(args: argparse.Namespace) -> dict:

@@ -29,7 +29,22 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def check_nodes_fit(plan_path: str, nodes: int) -> None:
+def check_nproc_per_node(nproc: int | None, world: int, nodes: int, cluster) -> None:
+    """Raise `PlanError` when ``--nproc-per-node`` is not world / nodes or is more than the
+    node has devices (``cluster``: None when unknown, localhost: no device bound)."""
+    if nproc is None:
+        return
+    if nproc < 1 or nproc * nodes != world:
+        raise PlanError(f"--nproc-per-node={nproc} x --nodes={nodes} = {nproc * nodes} != "
+                        f"the plan's tp*pp*dp = {world}; use --nproc-per-node "
+                        f"{max(1, world // nodes)} with --nodes {nodes}")
+    if cluster is not None and cluster.nics_per_node and nproc > cluster.devices_per_node:
+        raise PlanError(f"--nproc-per-node={nproc} is more than the {cluster.devices_per_node} "
+                        f"GPUs of a {cluster.name!r} node; use --nodes "
+                        f"{-(-world // cluster.devices_per_node)}")
+
+
+def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> None:
     """Raise `PlanError` when the runtime cannot run the plan (`check_runnable`), or when
     ``nodes`` would put more workers on a node than the plan's cluster has devices per node (a
     GPU cluster named in the plan file), naming the node count that fits; localhost plans and
@@ -41,8 +56,9 @@ def check_nodes_fit(plan_path: str, nodes: int) -> None:
     try:
         cluster = cluster_of_plan_file(pf)
     except PlanError:
-        return
-    if cluster.nics_per_node == 0:                       # localhost-cpu: one node
+        cluster = None
+    check_nproc_per_node(nproc, pf.plan.world_size, nodes, cluster)
+    if cluster is None or cluster.nics_per_node == 0:    # localhost-cpu: one node
         return
     world, per_node = pf.plan.world_size, cluster.devices_per_node
     if world > nodes * per_node:
@@ -60,7 +76,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag}={value} must be a positive integer")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
-    check_nodes_fit(args.plan, args.nodes)
+    check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
@@ -107,6 +123,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sl.add_argument("--nodes", type=int, required=True, help="nodes; each runs world/nodes "
                     "workers")
     sl.add_argument("--node-rank", type=int, help="this node (default: print every node)")
+    sl.add_argument("--nproc-per-node", type=int, help="workers per node, checked against "
+                    "the plan (world / nodes) and the node's GPUs (default: world / nodes)")
     sl.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (node 0)")
     sl.add_argument("--rdzv-id", help="job id shared by the nodes (default: the plan id)")
     sl.add_argument("--steps", type=int, default=10)

@@ -23,6 +23,13 @@ from apps.format import (
     print_table,
 )
 from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
+from apps.train_options import (
+    add_train_options,
+    train_json,
+    train_ranked,
+    train_table_columns,
+    train_tokens,
+)
 from planner.planfile import PlanFile, write_plan_file
 from planner.presets import load_model, model_names
 from planner.spec import PlanError
@@ -31,7 +38,8 @@ PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_t
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
 #: Further plan fields the JSON rows carry when the search table has them (as --csv does).
 PLAN_JSON_EXTRA = ["cp", "virtual_stages", "schedule", "recompute", "zero_stage",
-                   "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s"]
+                   "sequence_parallel", "placement", "hfu", "compute_s", "comm_s", "bubble_s",
+                   "ep", "etp", "dtype"]
 PLAN_TABLE = {"tp": ("tp", None), "pp": ("pp", None), "dp": ("dp", None),
               "micro_batch": ("mb", None), "virtual_stages": ("v", None),
               "zero_stage": ("zero", None), "recompute": ("ac", fmt_recompute),
@@ -72,18 +80,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from apps.cmd_faults import goodput_json, goodput_ranked, goodput_table_columns
     from planner.objective import GOODPUT_COLUMNS
     from planner.search import search
+    from planner.time_to_train import TRAIN_COLUMNS
     console = command_console(args)
     require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
-    require_positive(args, "--top-k", allow_zero=True)
-    require_positive(args, "--prune")
+    require_positive(args, "--top-k", "--prune")
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)
     cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
                                  getattr(args, "cpu_profile", None))
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
+    tokens = train_tokens(args, gb, model.seq_len)
     console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
                   f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
                   f"{cluster.device.name}), global batch {gb}")
@@ -94,24 +103,33 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         **search_kwargs(args))
     if getattr(args, "objective", "throughput") == "goodput":
         result = goodput_ranked(console, result, model, cluster, args)
+    if tokens is not None:
+        result = train_ranked(console, result, model, cluster, args, tokens)
     ranked, rejected = result.ranked, result.rejected
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
-                                 if k in ranked]
+                                 + list(TRAIN_COLUMNS) if k in ranked]
         print(json.dumps({"plans": ranked[keys].to_dict("records"),
                           "rejected": rejected.to_dict("records"), **json_extras(result),
-                          **goodput_json(args)}))
+                          **goodput_json(args), **train_json(args, tokens)}))
     else:
         if not ranked.empty:
             columns = dict(PLAN_TABLE)
             if "cp" in ranked and (ranked["cp"].head(args.top) > 1).any():
                 columns = {"tp": columns["tp"], "cp": ("cp", None),
                            **{k: v for k, v in columns.items() if k != "tp"}}
+            if model.is_moe:
+                columns = _with_expert_columns(columns, ranked.head(args.top))
             columns.update({k: v for k, v in goodput_table_columns().items() if k in ranked})
+            columns.update({k: v for k, v in train_table_columns().items() if k in ranked
+                            and (k != "cost_usd" or ranked[k].notna().any())})
             shown = ranked.head(args.top)
             if (shown["placement"] != "tp.dp.pp").any():
                 # Rows that differ only in rank placement would look identical without it.
                 columns["placement"] = ("order", None)
+            if (shown["dtype"] != shown["dtype"].iloc[0]).any() or \
+                    shown["dtype"].iloc[0] not in ("bf16", "fp32"):
+                columns["dtype"] = ("dtype", None)
             print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")
@@ -135,6 +153,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if not ranked.empty else 2
 
 
+def _with_expert_columns(columns: dict, shown) -> dict:
+    # ep (and etp when some shown plan splits experts) right after dp for an MoE model.
+    out = {}
+    for key, value in columns.items():
+        out[key] = value
+        if key == "dp":
+            out["ep"] = ("ep", None)
+            if (shown["etp"] > 1).any():
+                out["etp"] = ("etp", None)
+    return out
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``plan`` on the subcommand parser ``sub``."""
     sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
@@ -150,10 +180,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
     sp.add_argument("--out", help="write the best plan to this plan file (YAML)")
     sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    sp.add_argument("--objective", choices=("throughput", "goodput"), default="throughput",
-                    help="rank by predicted tokens/s, or by tokens/s x goodput under failures")
-    sp.add_argument("--mtbf-hours", type=float, default=50_000.0,
-                    help="per-device MTBF in hours for --objective goodput (default 50000)")
+    sp.add_argument("--objective", choices=("throughput", "goodput", "time-to-train"),
+                    default="throughput", help="rank by predicted tokens/s, by tokens/s x "
+                    "goodput under failures, or by wall days to train --tokens / --steps")
+    sp.add_argument("--mtbf-hours", type=float,
+                    help="per-device MTBF in hours for the failure model (default 50675: "
+                    "Llama 3 405B's 419 unexpected interruptions in 54 days on 16,384 GPUs, "
+                    "Dubey et al. 2024 §3.3.4)")
     sp.add_argument("--node-mtbf-hours", type=float,
                     help="per-node MTBF in hours (node failures besides device failures)")
     sp.add_argument("--restart-s", type=float, help="seconds from a failure to training "
@@ -161,6 +194,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--spare-delay-s", type=float, help="seconds to swap a spare node in "
                     "after a node failure (--objective goodput, with --node-mtbf-hours; "
                     "default 0)")
+    add_train_options(sp)
     add_plan_options(sp)
     add_cpu_profile_option(sp)
     sp.set_defaults(func=cmd_plan)

@@ -2,7 +2,7 @@
 cheapest)? A full plan search at every point of a grid of GPU counts, node types, NIC speeds
 and leaf oversubscriptions, on the local cores or on a Ray cluster.
 
-    meshplan sweep --model gpt3-175b --tokens 300e9 --gpus 512,1024,2048 \
+    meshplan sweep --model gpt3-175b --tokens 300B --gpus 512,1024,2048 \
         --node-types dgx-a100,dgx-h100 --nic-gbps 200,400 --price dgx-h100=3.0
     meshplan sweep ... --ray-address auto
 """
@@ -65,9 +65,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from apps.cmd_plan import gpu_global_batch
     from planner.presets import load_model
     from planner.sweep import run_sweep, sweep_grid
+    from planner.time_to_train import parse_tokens
     console = command_console(args)
-    if not args.tokens > 0:
-        raise PlanError(f"--tokens={args.tokens:g} must be > 0 (tokens to train on)")
+    tokens = parse_tokens(args.tokens)
     if args.workers is not None and args.workers < 1:
         raise PlanError(f"--workers={args.workers} must be >= 1")
     model = load_model(args.model)
@@ -86,14 +86,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise PlanError("--ray-address needs Ray: pip install 'meshplan[ray]' (or pip "
                             "install ray), or leave --ray-address out to use the local "
                             "cores") from None
-    rows = run_sweep(args.model, points, token_budget=args.tokens, global_batch=gb,
+    rows = run_sweep(args.model, points, token_budget=tokens, global_batch=gb,
                      prices=prices, workers=args.workers, ray_address=args.ray_address)
     if args.json:
-        print(json.dumps({"model": model.name, "tokens": args.tokens, "global_batch": gb,
+        print(json.dumps({"model": model.name, "tokens": tokens, "global_batch": gb,
                           "points": rows}))
         return 0
     import pandas as pd
-    print_table(console, pd.DataFrame(rows), f"{model.name}, {args.tokens:.3g} tokens, global "
+    print_table(console, pd.DataFrame(rows), f"{model.name}, {tokens:.3g} tokens, global "
                 f"batch {gb}: {len(rows)} cluster variants, fastest first", SWEEP_TABLE)
     return 0
 
@@ -103,8 +103,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("sweep", help="plan search over a grid of cluster variants; rank by "
                         "time-to-train")
     sp.add_argument("--model", required=True, help="model preset or YAML")
-    sp.add_argument("--tokens", type=float, required=True,
-                    help="token budget to train on (e.g. 300e9)")
+    sp.add_argument("--tokens", required=True,
+                    help="token budget to train on (e.g. 300B, 15T, 2e9)")
     sp.add_argument("--gpus", required=True, help="GPU counts, comma-separated (whole nodes)")
     sp.add_argument("--node-types", default="dgx-h100",
                     help="node types, comma-separated (default dgx-h100)")

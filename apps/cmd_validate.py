@@ -98,9 +98,64 @@ def print_loso(console: Console, entries: list[dict], iters: int) -> None:
                 f"iterations per refit)", cols)
 
 
+#: ``--by`` names of `held_out_report` groups: the GPU (device profile) and the precision.
+HELD_OUT_KEYS = {"gpu": "device", "precision": "dtype"}
+
+
+def held_out_report(paths: list[str], *, by_gpu: bool, by: tuple[str, ...],
+                    iters: int) -> list[dict]:
+    """Held-out figures of the carried efficiency terms (`simulator.validation.carry`):
+    each row predicted with the terms fitted without its source (``by_gpu`` False) or
+    without its GPU type (leave-one-GPU-out), grouped by ``by`` (``gpu``, ``precision``).
+
+    Raises:
+        PlanError: a ``--by`` name other than gpu / precision.
+    """
+    from planner.spec import PlanError
+    from simulator.validation.carry import case_device, held_out_errors, summarize
+    from simulator.validation.validate import read_runs
+    bad = [b for b in by if b not in HELD_OUT_KEYS]
+    if bad:
+        raise PlanError(f"--by {','.join(bad)}: with --loso-carried / --logo group by "
+                        f"{' and/or '.join(HELD_OUT_KEYS)}")
+    cases = [c for p in paths for c in read_runs(p, [])]
+    group = (lambda c: case_device(c).name) if by_gpu else (lambda c: c.source)
+    errors = held_out_errors(cases, group, iters=iters)
+    return summarize(errors, [HELD_OUT_KEYS[b] for b in by or ("gpu",)])
+
+
+def print_held_out(console: Console, entries: list[dict], title: str) -> None:
+    """The held-out table of `held_out_report`."""
+    import pandas as pd
+    pct, sig = "{:.1%}".format, "{:+.1%}".format
+    cols = {k: (k, None) for k in ("device", "dtype") if entries and k in entries[0]}
+    cols.update({"rows": ("rows", None), "in_fit_mape": ("in-fit MAPE", pct),
+                 "held_out_mape": ("held-out MAPE", pct), "held_out_bias": ("bias", sig),
+                 "worst": ("worst", None), "worst_error": ("worst error", sig)})
+    print_table(console, pd.DataFrame(entries), title, cols)
+
+
+def _held_out(args: argparse.Namespace) -> int:
+    by = tuple(f.strip() for f in args.by.split(",")) if args.by else ()
+    paths = [args.runs, *(args.loso_with or [])]
+    entries = held_out_report(paths, by_gpu=args.logo, by=by, iters=args.loso_iters)
+    kind = "leave-one-GPU-out" if args.logo else "leave-one-source-out"
+    if args.json:
+        print(json.dumps({"held_out": entries, "kind": kind, "iters": args.loso_iters}))
+    else:
+        print_held_out(Console(), entries, f"{kind}, carried efficiency terms (closed form, "
+                       f"{args.loso_iters} Nelder-Mead iterations per refit)")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
     from simulator.validation.validate import validate_runs
+    if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
+        if not Path(args.runs).is_file():
+            Console(stderr=True).print(f"--runs {args.runs!r}: no such file")
+            return 2
+        return _held_out(args)
     if getattr(args, "loso", False):
         if args.loso_iters < 0:
             Console(stderr=True).print(f"--loso-iters {args.loso_iters}: give 0 or more "
@@ -189,4 +244,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--loso-iters", type=int, default=40, metavar="N", help="with --loso: "
                     "Nelder-Mead iterations per refit (default 40; the shipped fit used 300, "
                     "~0.8 s per iteration on the A100 tables)")
+    sv.add_argument("--loso-carried", action="store_true", help="instead: fit the "
+                    "efficiency terms that carry across GPU generations (one set, every "
+                    "device from its datasheet) without each source in turn; with --by "
+                    "gpu,precision the held-out error per GPU and precision")
+    sv.add_argument("--logo", action="store_true", help="instead: leave-one-GPU-out: the "
+                    "carried terms fitted without every row of one GPU type, that type "
+                    "predicted from its datasheet (--by gpu[,precision])")
     sv.set_defaults(func=cmd_validate)

@@ -13,10 +13,12 @@ from pathlib import Path
 from rich.console import Console
 
 from apps.format import fmt_bytes, print_table
+from planner.precision import PLAN_DTYPES
 from planner.space import SearchSpace
 from planner.spec import PlanError
 
-_INT_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage")
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage", "ep",
+               "etp")
 REJECTED_TABLE = {"id": ("candidate", None), "kind": ("kind", None),
                   "reason": ("reason", None)}
 CLOSEST_TABLE = {"id": ("plan", None), "peak_memory_bytes": ("needs/device", fmt_bytes),
@@ -34,8 +36,12 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     help="fraction of device memory a plan may use (default 0.95)")
     sp.add_argument("--fix", action="append", default=[], metavar="FIELD=V[,V...]",
                     help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
-                    "schedule, recompute, zero_stage, sequence_parallel, placement "
+                    "schedule, recompute, zero_stage, sequence_parallel, placement, ep, etp "
                     "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
+    sp.add_argument("--dtype", choices=(*PLAN_DTYPES, "any"), help="training precision: "
+                    "bf16, or the linear GEMMs in fp8 (delayed scaling), fp8-current "
+                    "(current scaling), mxfp8 or nvfp4; any: search every one the device "
+                    "runs (default: the cluster's, bf16 on GPUs)")
     sp.add_argument("--csv", help="write ranked.csv and rejected.csv into this folder")
     sp.add_argument("--prune", type=int, metavar="K",
                     help="cost only the plans whose compute-only lower bound can beat the "
@@ -102,6 +108,7 @@ def search_kwargs(args: argparse.Namespace) -> dict:
             "num_devices": getattr(args, "devices", None),
             "max_devices": getattr(args, "max_devices", None),
             "memory_headroom": getattr(args, "memory_headroom", None) or 0.95,
+            "dtype": getattr(args, "dtype", None),
             "prune": getattr(args, "prune", None)}
 
 

@@ -91,6 +91,9 @@ def check_run_args(args) -> None:
     from runtime.resilience import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
     check_runnable(pf.plan)
+    from runtime.precision import machine_dtype_error
+    if (problem := machine_dtype_error(pf.plan.dtype)) is not None:
+        raise PlanError(problem)   # e.g. an FP8 plan on a CPU: refused, not run as fp32
     # --steps and the fault flags, checked as runtime.train's workers check them
     config = TrainConfig.from_args(args, out_dir=str(run_folder(args.out, pf.plan.id)))
     if args.max_restarts < 0:

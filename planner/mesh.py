@@ -15,7 +15,7 @@ all read the layout from here.
 
 from __future__ import annotations
 
-from planner.spec import Plan, PlanError
+from planner.spec import V_SCHEDULES, Plan, PlanError
 
 #: Every mesh axis, in the order coordinates are reported (outermost of the default first).
 AXES = ("pp", "dp", "cp", "tp")
@@ -140,3 +140,79 @@ def group_ranks(plan: Plan, axis: str, *, stage: int = 0) -> range:
     if axis not in strides:
         raise PlanError(f"mesh axis {axis!r} is not one of {list(AXES) + ['dp_cp']}")
     return range(base, base + getattr(plan, axis) * strides[axis], strides[axis])
+
+
+#: The expert axes of Megatron-Core's MoE parallel folding, innermost first: expert tensor
+#: parallel, expert parallel, expert data parallel.
+EXPERT_AXES = ("etp", "ep", "edp")
+
+
+def stage_ranks(plan: Plan, stage: int = 0) -> list[int]:
+    """The tp·cp·dp ranks of pipeline stage ``stage``, ordered tp fastest, then cp, then dp
+    (Megatron's attention order inside a stage), whatever the placement.
+
+    >>> stage_ranks(Plan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4), stage=1)
+    [4, 5, 6, 7]
+    >>> stage_ranks(Plan(tp=2, pp=1, dp=2, micro_batch=1, global_batch=4,
+    ...                  placement=("dp", "tp", "pp")))
+    [0, 2, 1, 3]
+    """
+    s = mesh_strides(plan)
+    base = stage * s["pp"]
+    return [base + t * s["tp"] + c * s["cp"] + d * s["dp"]
+            for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
+
+
+def expert_group_ranks(plan: Plan, axis: str, *, stage: int = 0, index: int = 0) -> list[int]:
+    """Ranks of the ``axis`` group ('etp', 'ep' or 'edp') of Megatron-Core's MoE parallel
+    folding that holds the ``index``-th rank of stage ``stage`` (`stage_ranks` order).
+
+    The stage's tp·cp·dp ranks are re-read as an (edp, ep, etp) grid, etp fastest
+    (Megatron-Core ``RankGenerator`` with order ``tp-ep-dp-pp`` for the expert groups): an
+    EP group is ep ranks etp apart in `stage_ranks` order, so with the default placement it
+    spans etp·ep neighbouring devices and stays inside a node (NVLink domain) whenever
+    etp·ep fits there.
+
+    >>> p = Plan(tp=2, pp=1, dp=8, ep=4, micro_batch=1, global_batch=8)
+    >>> expert_group_ranks(p, "ep"), expert_group_ranks(p, "edp")
+    ([0, 1, 2, 3], [0, 4, 8, 12])
+
+    Raises:
+        PlanError: an axis that is not one of `EXPERT_AXES`.
+    """
+    if axis not in EXPERT_AXES:
+        raise PlanError(f"expert axis {axis!r} is not one of {list(EXPERT_AXES)}")
+    ranks = stage_ranks(plan, stage)
+    sizes = {"etp": plan.etp, "ep": plan.ep, "edp": plan.edp}
+    stride = {"etp": 1, "ep": plan.etp, "edp": plan.etp * plan.ep}[axis]
+    start = index - (index // stride % sizes[axis]) * stride
+    return [ranks[start + i * stride] for i in range(sizes[axis])]
+
+
+def chunk_rank(schedule: str, pp: int, chunk: int) -> int:
+    """The pipeline rank that runs model chunk ``chunk`` (pipeline order, 0 .. pp·v − 1) under
+    ``schedule``.
+
+    Interleaved schedules loop the chunks over the ranks (chunk g on rank g % pp, Narayanan et
+    al. 2021 §2.2); ZB-V and DualPipe-V fold them in a V, so rank r holds chunks r and
+    2·pp − 1 − r and the first and last chunks share rank 0 (Qi et al. 2024, §6;
+    torch.distributed.pipelining ``generate_stage_to_rank_mapping(style="v")``).
+
+    >>> [chunk_rank("zb-v", 2, g) for g in range(4)], [chunk_rank("interleaved-1f1b", 2, g)
+    ...                                                for g in range(4)]
+    ([0, 1, 1, 0], [0, 1, 0, 1])
+    """
+    if schedule in V_SCHEDULES and chunk >= pp:
+        return 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def rank_chunks(plan: Plan, rank: int) -> tuple[int, ...]:
+    """The model chunks pipeline rank ``rank`` holds, in increasing order (`chunk_rank`).
+
+    >>> rank_chunks(Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="zb-v",
+    ...                  virtual_stages=2), 0)
+    (0, 3)
+    """
+    return tuple(g for g in range(plan.pp * plan.virtual_stages)
+                 if chunk_rank(plan.schedule, plan.pp, g) == rank)

@@ -40,6 +40,8 @@ class ClusterRef:
             preset's generic costs).
         peak_flops_per_device: dense FLOP/s of one device at the plan's dtype; the runtime
             reports MFU against it.
+        spec: the cluster file's contents (None for a preset), so the plan simulates and
+            launches where that file is not.
     """
 
     name: str
@@ -48,6 +50,7 @@ class ClusterRef:
     path: str | None = None
     cpu_profile: str | None = None
     peak_flops_per_device: float | None = None
+    spec: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -62,6 +65,9 @@ class ClusterRef:
                                  or not peak > 0):
             raise PlanError(f"cluster peak_flops_per_device={peak!r} must be a number > 0 "
                             f"(FLOP/s of one device), or absent")
+        if self.spec is not None and not isinstance(self.spec, dict):
+            raise PlanError(f"cluster spec must be a mapping (a cluster file's contents), got "
+                            f"{type(self.spec).__name__}")
 
     @property
     def is_localhost(self) -> bool:

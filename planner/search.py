@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from planner.precision import search_dtypes
 from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import ModelSpec, Plan, PlanError
 from simulator.network.cluster import Cluster
@@ -27,7 +28,7 @@ from simulator.step.simulate import StepPrediction, estimate, simulate
 RANKED_COLUMNS = ["id", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "recompute",
                   "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "hfu",
                   "peak_memory_bytes", "tier", "schedule", "virtual_stages", "zero_stage",
-                  "placement"]
+                  "placement", "ep", "etp", "dtype"]
 REJECTED_COLUMNS = ["id", "reason", "kind"]
 GiB = 2**30
 #: Out-of-memory plans kept as the "closest" answer when nothing fits.
@@ -98,7 +99,7 @@ def _memory_key(plan: Plan) -> tuple:
     # Memory does not depend on placement: the cache key is every other field.
     return (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch, plan.global_batch, plan.schedule,
             plan.virtual_stages, plan.recompute, plan.zero_stage, plan.sequence_parallel,
-            plan.dtype)
+            plan.dtype, plan.ep, plan.etp)
 
 
 def resolve_global_batch(model: ModelSpec, global_batch: int | None,
@@ -151,7 +152,8 @@ def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
             "step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s,
             "mfu": pred.mfu, "hfu": pred.hfu, "peak_memory_bytes": pred.peak_memory_bytes,
             "tier": tier, "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,
-            "zero_stage": plan.zero_stage, "placement": ".".join(plan.placement)}
+            "zero_stage": plan.zero_stage, "placement": ".".join(plan.placement),
+            "ep": plan.ep, "etp": plan.etp, "dtype": plan.dtype}
 
 
 def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_batch: int,
@@ -274,6 +276,8 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
         global_batch / global_batch_tokens: the step's batch in sequences or in tokens.
         top_k: how many of the best analytical estimates the SimPy simulation refines.
         memory_headroom: fraction of device memory a plan may use.
+        dtype: the plan dtype or low-precision recipe (`planner.precision.PLAN_DTYPES`);
+            ``any`` searches every one the device runs; default the cluster's.
         micro_batches, recompute: shorthands for the same fields of ``space``.
         space: allowed values per plan field (`SearchSpace`; default: every legal value).
         overlap_dp: overlap the DP gradient reduction with the last backward in both tiers.
@@ -285,7 +289,8 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
     Returns:
         A `SearchResult`; its ``ranked`` table is sorted best first.
     Raises:
-        PlanError: a bad batch, device count, headroom or space.
+        PlanError: a bad batch, device count, headroom or space, or a dtype the device
+            cannot run (`planner.precision.unsupported_dtype_reason`).
     """
     gb = resolve_global_batch(model, global_batch, global_batch_tokens)
     if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int)
@@ -296,12 +301,19 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
         raise PlanError(f"memory_headroom={memory_headroom} must be in (0, 1]")
     exact, most = _device_bounds(cluster, num_devices, max_devices)
     space = _space(space, micro_batches, recompute)
-    dtype = dtype or cluster.default_dtype
+    dtypes = search_dtypes(dtype or cluster.default_dtype, cluster.device.name,
+                           cluster.device.peak_flops)
+    dtype = dtypes[0]
     t0, c0 = time.perf_counter(), time.process_time()
-    screened, rejected, closest, candidates = screen(
-        model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
-        memory_headroom=memory_headroom, dtype=dtype, overlap_dp=overlap_dp,
-        prune=None if prune is None else max(prune, (1 + EXTRA_REFINE) * top_k))
+    keep = None if prune is None else max(prune, (1 + EXTRA_REFINE) * top_k)
+    screened, rejected, closest, candidates = [], [], [], 0
+    for dt in dtypes:   # `--dtype any`: every precision the device runs, ranked together
+        # (with ``prune``, the best of all dtypes are among the best of each)
+        s_dt, r_dt, c_dt, n_dt = screen(
+            model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
+            memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp, prune=keep)
+        screened, rejected, candidates = screened + s_dt, rejected + r_dt, candidates + n_dt
+        closest = sorted(closest + c_dt, key=lambda e: e[0])[:CLOSEST_KEPT]
     t1, c1 = time.perf_counter(), time.process_time()
     # Best first; among equal speeds the plan that needs less memory.
     screened.sort(key=lambda pair: (-pair[1].tokens_per_s, pair[1].peak_memory_bytes))

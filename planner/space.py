@@ -45,7 +45,7 @@ LONG_SEQUENCE = 16384
 DEFAULT_CP = (1, 2, 4, 8, 16)
 
 _FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "schedule", "recompute",
-           "zero_stage", "sequence_parallel", "placement")
+           "zero_stage", "sequence_parallel", "placement", "ep", "etp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +68,9 @@ class SearchSpace:
         zero_stage: default (0, 1, 2, 3) when dp > 1 (ZeRO-3 is FSDP).
         sequence_parallel: default (False, True) when tp > 1.
         placement: default `DEFAULT_PLACEMENTS` when both dp and pp exceed 1.
+        ep: expert-parallel degrees; default for an MoE model every divisor of num_experts
+            that etp·ep fits into tp·cp·dp (`expert_splits`), (1,) for a dense model.
+        etp: expert tensor-parallel degrees; default (1,) and tp when tp > 1 (MoE only).
     """
 
     tp: tuple[int, ...] | None = None
@@ -81,6 +84,8 @@ class SearchSpace:
     zero_stage: tuple[ZeroStage, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
     placement: tuple[tuple[str, ...], ...] | None = None
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in _FIELDS:
@@ -162,9 +167,31 @@ def tp_reason(model: ModelSpec, tp: int) -> str:
     return ""
 
 
+def edge_stage_layers(model: ModelSpec, pp: int, v: int) -> tuple[int, ...] | None:
+    """Layers per chunk when pp·v chunks do not split the layers evenly but would with two
+    more: the first and the last chunk get one layer fewer, as Llama 3 405B's 126 layers on
+    16 stages (Dubey et al. 2024, §3.3.2: one layer fewer on the first and last stages, which
+    hold the embedding and the output layer; Megatron-LM's
+    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``).
+    None when the layers split evenly or this split does not exist either.
+
+    >>> from planner.presets import load_model
+    >>> edge_stage_layers(load_model("llama3-405b"), 16, 1)
+    (7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7)
+    """
+    chunks = pp * v
+    if chunks < 3 or model.num_layers % chunks == 0 or (model.num_layers + 2) % chunks:
+        return None
+    per = (model.num_layers + 2) // chunks
+    if per < 2:
+        return None
+    return (per - 1,) + (per,) * (chunks - 2) + (per - 1,)
+
+
 def layers_reason(model: ModelSpec, pp: int, v: int) -> str:
-    """'' if the layers split evenly over pp·v chunks, else `Plan.layers_per_stage`'s message."""
-    if model.num_layers % (pp * v) == 0:
+    """'' if the layers split evenly over pp·v chunks (or with one fewer on the first and
+    last, `edge_stage_layers`), else `Plan.layers_per_stage`'s message."""
+    if model.num_layers % (pp * v) == 0 or edge_stage_layers(model, pp, v):
         return ""
     return (f"num_layers={model.num_layers} does not split over pp*virtual_stages = "
             f"{pp}*{v} = {pp * v}; give stage_layers explicitly or use pp*virtual_stages in "
@@ -231,7 +258,7 @@ def splits(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
                 continue
             rest = n // (tp * cp)
             pps = space.pp or tuple(d for d in divisors(rest) if d <= model.num_layers
-                                    and (exact or model.num_layers % d == 0))
+                                    and (exact or not layers_reason(model, d, 1)))
             for pp in pps:
                 if reason := _fill_reason(degrees_text(tp, cp, pp), tp * cp * pp, n, exact):
                     yield Rejection(id=f"{c_id}-pp{pp}", kind="devices", reason=reason)
@@ -250,6 +277,36 @@ def splits(model: ModelSpec, space: SearchSpace, *, devices_per_node: int,
                             f"{degrees_text(tp, cp, pp, dp)} > max_devices={n}"))
 
 
+def expert_splits(model: ModelSpec, space: SearchSpace, tp: int, attn: int
+                  ) -> Iterator[tuple[int, int] | Rejection]:
+    """Every (ep, etp) of the space for ``attn`` = tp·cp·dp ranks per stage, or a `Rejection`
+    for a fixed value that breaks a rule (`planner.spec.check_experts`, MoE parallel
+    folding). A dense model gets (1, 1) only, so dense searches enumerate nothing more.
+    """
+    if not model.is_moe:
+        for ep in space.ep or (1,):
+            for etp in space.etp or (1,):
+                if ep > 1 or etp > 1:
+                    yield Rejection(id=f"ep{ep}-etp{etp}", kind="ep", reason=(
+                        f"ep={ep}, etp={etp}: expert parallelism needs a mixture-of-experts "
+                        f"model (num_experts > 0; {model.name!r} is dense)"))
+                else:
+                    yield 1, 1
+        return
+    etps = space.etp or ((1, tp) if tp > 1 else (1,))
+    eps = space.ep or tuple(divisors(model.num_experts))
+    for etp in etps:
+        for ep in eps:
+            if model.num_experts % ep or model.expert_hidden % etp or attn % (ep * etp):
+                if space.ep is not None or space.etp is not None:
+                    yield Rejection(id=f"ep{ep}-etp{etp}", kind="ep", reason=(
+                        f"ep={ep}, etp={etp}: ep must divide num_experts={model.num_experts},"
+                        f" etp the expert width {model.expert_hidden}, and etp*ep = {ep * etp}"
+                        f" the attention ranks tp*cp*dp = {attn}"))
+                continue
+            yield ep, etp
+
+
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:
     # (schedule, virtual_stages) pairs; explicit v values are kept so their rejection shows.
     schedules = space.schedule or ("1f1b", "interleaved-1f1b")
@@ -260,7 +317,7 @@ def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, i
         elif pp > 1:
             vs = space.virtual_stages or tuple(
                 v for v in range(2, MAX_VIRTUAL_STAGES + 1)
-                if model.num_layers % (pp * v) == 0)
+                if model.num_layers % (pp * v) == 0 or edge_stage_layers(model, pp, v))
             out += [(schedule, v) for v in vs]
     return out
 
@@ -313,6 +370,14 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
     places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
                                  else (MESH_AXES,))
     rcs = space.recompute or ("none", "selective", "full")
+    experts = []
+    for item in expert_splits(model, space, tp, tp * cp * dp):
+        if isinstance(item, Rejection):
+            yield Rejection(id=f"{split_id}-{item.id}", reason=item.reason, kind=item.kind)
+        else:
+            experts.append(item)
+    if not experts:
+        return
     for schedule, v in _virtual(model, space, pp):
         if v > 1:
             reason = layers_reason(model, pp, v)
@@ -334,8 +399,10 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
                 for zero in zeros:
                     for sp in sps:
                         for place in places:
-                            yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb,
-                                       global_batch=global_batch, schedule=schedule,
-                                       virtual_stages=v, recompute=rc, zero_stage=zero,
-                                       sequence_parallel=sp, dtype=dtype,
-                                       placement=place)
+                            for ep, etp in experts:
+                                yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb,
+                                           global_batch=global_batch, schedule=schedule,
+                                           virtual_stages=v, recompute=rc, zero_stage=zero,
+                                           sequence_parallel=sp, dtype=dtype,
+                                           placement=place, ep=ep, etp=etp,
+                                           stage_layers=edge_stage_layers(model, pp, v))

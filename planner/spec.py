@@ -17,14 +17,25 @@ from typing import Literal, get_args
 
 Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zb-v",
+                   "dualpipe-v"]
+#: Schedules that split the backward into input-gradient (B) and weight-gradient (W) work
+#: (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"; DeepSeek-V3's DualPipe-V).
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "interleaved-zb", "zb-v", "dualpipe-v")
+#: Schedules whose pipeline ranks hold several model chunks.
+MULTI_CHUNK_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
+#: Schedules that place two chunks per rank in a V: rank r holds stages r and 2·pp − 1 − r.
+V_SCHEDULES = ("zb-v", "dualpipe-v")
 Recompute = Literal["none", "selective", "full"]
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp8-current", "mxfp8", "nvfp4"]
 ZeroStage = Literal[0, 1, 2, 3]
 Router = Literal["softmax", "sigmoid"]
 
-#: Bytes per element of each training dtype (tf32 is stored as fp32).
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes per stored element (weights, activations, gradients) of each training dtype: tf32 is
+#: stored as fp32; the low-precision recipes (`planner.precision`) store bf16 and cast only
+#: the linear GEMMs' operands.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2,
+                               "fp8-current": 2, "mxfp8": 2, "nvfp4": 2}
 
 #: Axis names of a plan's device mesh, the order `placement` permutes.
 MESH_AXES = ("tp", "dp", "pp")
@@ -331,6 +342,18 @@ def _check_moe_fields(m: ModelSpec) -> None:
                         "attention fields and need kv_lora_rank > 0 (0 given)")
 
 
+def _check_expert_folding(plan: Plan) -> None:
+    # Megatron-Core MoE parallel folding: etp·ep·edp = tp·cp·dp on every pipeline stage.
+    attn = plan.tp * plan.cp * plan.dp
+    if attn % (plan.etp * plan.ep):
+        fits = divisors(attn // plan.etp) if attn % plan.etp == 0 else [1]
+        raise PlanError(
+            f"ep={plan.ep}, etp={plan.etp}: expert folding needs etp*ep = {plan.etp}*{plan.ep}"
+            f" = {plan.etp * plan.ep} to divide the attention ranks tp*cp*dp = {plan.tp}*"
+            f"{plan.cp}*{plan.dp} = {attn}; use ep in "
+            f"{fits} (etp in {divisors(attn)})")
+
+
 def degrees_text(tp: int, cp: int, pp: int, dp: int | None = None) -> str:
     """``tp*pp*dp = 2*1*2 = 4``: parallel degrees and their product, cp named only when > 1
     (and dp left out when None, for a partial split).
@@ -356,20 +379,36 @@ class Plan:
             tp-cp-dp-pp order) and reduce gradients with the dp ranks (dp·cp ranks in all).
         micro_batch: sequences per micro-batch on one data-parallel rank.
         global_batch: sequences per optimizer step, all DP ranks together.
-        schedule: pipeline schedule ("gpipe", "1f1b", "interleaved-1f1b").
-        virtual_stages: model chunks per pipeline rank (> 1 only with "interleaved-1f1b").
+        schedule: pipeline schedule: "gpipe", "1f1b", "interleaved-1f1b", or one that splits
+            the backward into input- and weight-gradient work (`ZERO_BUBBLE_SCHEDULES`):
+            "zb-h1" (Qi et al. 2024, §3.1), "interleaved-zb" (its interleaved form, ZB-1p
+            over v chunks), "zb-v" (Qi et al. 2024, §6) and "dualpipe-v" (DeepSeek-V3, §3.2.1,
+            cut in half); see `simulator.step.zero_bubble`.
+        virtual_stages: model chunks per pipeline rank (> 1 only with a multi-chunk schedule,
+            `MULTI_CHUNK_SCHEDULES`; exactly 2 with "zb-v" and "dualpipe-v").
         recompute: activation recomputation policy ("none", "selective", "full").
         zero_stage: ZeRO stage of the data-parallel optimizer (0 = plain DDP; 3 = FSDP).
         sequence_parallel: shard norms/dropout activations over tp (Korthikanti et al. 2022).
-        dtype: compute dtype of the step.
+        dtype: compute dtype of the step, or a low-precision recipe for the linear GEMMs
+            (``fp8``, ``fp8-current``, ``mxfp8``, ``nvfp4``; `planner.precision`).
         placement: mesh axes from innermost (fastest varying over device ids) to outermost.
         stage_layers: layers per pipeline stage; None splits layers evenly.
+        ep: expert-parallel degree of a mixture-of-experts model: the routed experts of each
+            MoE block are split over ep ranks, tokens reach them by all-to-all.
+        etp: expert tensor-parallel degree: each expert's matrices split over etp ranks.
+            Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding",
+            arXiv:2504.14960; Megatron-Core ``docs/source/api-guide/moe.rst``): attention runs
+            on tp·cp·dp ranks of a pipeline stage and the experts on etp·ep·edp of the same
+            ranks, so etp·ep must divide tp·cp·dp and the expert data-parallel degree is
+            ``edp = tp·cp·dp / (etp·ep)``.
     """
 
     tp: int
     pp: int
     dp: int
     cp: int = 1
+    ep: int = 1
+    etp: int = 1
     micro_batch: int
     global_batch: int
     schedule: Schedule = "1f1b"
@@ -382,8 +421,9 @@ class Plan:
     stage_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        _require_positive_int(self, "tp", "pp", "dp", "cp", "micro_batch", "global_batch",
-                              "virtual_stages")
+        _require_positive_int(self, "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch",
+                              "global_batch", "virtual_stages")
+        _check_expert_folding(self)
         _require_choice(self, "schedule", Schedule)
         _require_choice(self, "recompute", Recompute)
         _require_choice(self, "zero_stage", ZeroStage)
@@ -399,9 +439,10 @@ class Plan:
                 f"{self.dp}*{self.micro_batch} = {per_step}; use global_batch a multiple of "
                 f"{per_step}"
             )
-        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+        if self.virtual_stages > 1 and self.schedule not in MULTI_CHUNK_SCHEDULES:
             raise PlanError(f"virtual_stages={self.virtual_stages} needs "
                             f"schedule='interleaved-1f1b', not {self.schedule!r}")
+        self._check_zero_bubble()
         if self.schedule == "interleaved-1f1b" and self.pp > 1 and \
                 self.num_microbatches % self.pp:
             raise PlanError(
@@ -417,6 +458,25 @@ class Plan:
                     f"stage_layers={list(layers)} must list pp*virtual_stages = "
                     f"{self.pp * self.virtual_stages} positive layer counts")
 
+    def _check_zero_bubble(self) -> None:
+        # The micro-batch rules of torch.distributed.pipelining's zero-bubble schedules.
+        v, m, pp = self.virtual_stages, self.num_microbatches, self.pp
+        if self.schedule in V_SCHEDULES and v != 2:
+            raise PlanError(f"schedule={self.schedule!r} places two chunks per rank in a V; "
+                            f"use virtual_stages=2, not {v}")
+        if self.schedule == "interleaved-zb" and v < 2:
+            raise PlanError("schedule='interleaved-zb' needs virtual_stages >= 2 "
+                            f"({v} given); use schedule='zb-h1' for one chunk per rank")
+        rounds = max(1, m // pp)
+        if self.schedule in ("zb-h1", "interleaved-zb") and m % rounds:
+            raise PlanError(f"schedule={self.schedule!r} needs the micro-batch count ({m}) "
+                            f"to be a multiple of its rounds max(1, m // pp) = {rounds}; "
+                            f"use a micro-batch count that is a multiple of pp={pp}")
+        if self.schedule == "dualpipe-v" and m < 2 * pp:
+            raise PlanError(f"schedule='dualpipe-v' needs at least 2*pp = {2 * pp} "
+                            f"micro-batches ({m} given); raise global_batch or lower "
+                            f"micro_batch")
+
     @property
     def world_size(self) -> int:
         """Devices the plan occupies: tp·cp·pp·dp."""
@@ -427,6 +487,16 @@ class Plan:
         """Ranks that hold the same weights and reduce gradients together, dp·cp (Megatron's
         data-parallel group with context parallelism); ZeRO shards over them."""
         return self.dp * self.cp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: ranks holding the same experts, tp·cp·dp / (etp·ep)
+        (Megatron-Core MoE parallel folding; 1·1·dp when ep = etp = 1 and tp = cp = 1).
+
+        >>> Plan(tp=2, pp=1, dp=8, ep=4, micro_batch=1, global_batch=8).edp
+        4
+        """
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
 
     @property
     def degrees(self) -> str:
@@ -448,6 +518,8 @@ class Plan:
         a non-default placement as ``place.tp.pp.dp``, innermost axis first)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}",
                  f"gb{self.global_batch}"]
+        if self.ep > 1 or self.etp > 1:
+            parts.insert(3, f"ep{self.ep}" + (f"-etp{self.etp}" if self.etp > 1 else ""))
         if self.cp > 1:
             parts.insert(1, f"cp{self.cp}")
         if self.virtual_stages > 1:
@@ -462,6 +534,8 @@ class Plan:
             parts.append("sp")
         if self.placement != MESH_AXES:
             parts.append("place." + ".".join(self.placement))
+        if self.dtype in ("fp8", "fp8-current", "mxfp8", "nvfp4"):
+            parts.append(self.dtype)
         return "-".join(parts)
 
     def replace(self, **changes: object) -> Plan:
@@ -496,8 +570,9 @@ def check_plan(model: ModelSpec, plan: Plan, world_size: int | None = None) -> N
     Raises:
         PlanError: tp does not divide heads, KV heads or ffn_hidden; 2·cp does not divide
             seq_len (each rank holds two sequence chunks, one early and one late, which
-            balances causal attention); the layers do not split over pp·virtual_stages; or
-            tp·cp·pp·dp differs from ``world_size``.
+            balances causal attention); the layers do not split over pp·virtual_stages; the
+            expert split does not fit the model (`check_experts`); or tp·cp·pp·dp differs
+            from ``world_size``.
     """
     for field, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                          ("ffn_hidden", model.ffn_hidden)):
@@ -509,5 +584,29 @@ def check_plan(model: ModelSpec, plan: Plan, world_size: int | None = None) -> N
                         f"{2 * plan.cp} (two balanced chunks per rank); use cp in "
                         f"{[d for d in divisors(model.seq_len // 2) if d > 1][:8]}")
     plan.layers_per_stage(model)
+    check_experts(model, plan)
     if world_size is not None and plan.world_size != world_size:
         raise PlanError(f"{plan.degrees} != world_size({world_size})")
+
+
+def check_experts(model: ModelSpec, plan: Plan) -> None:
+    """Check the expert split of ``plan`` against ``model``.
+
+    Raises:
+        PlanError: ep > 1 or etp > 1 on a dense model; ep does not divide num_experts (each
+            EP rank holds num_experts / ep whole experts, Megatron-Core
+            ``num_local_experts``); etp does not divide the expert width.
+    """
+    if not model.is_moe:
+        if plan.ep > 1 or plan.etp > 1:
+            raise PlanError(f"ep={plan.ep}, etp={plan.etp}: expert parallelism needs a "
+                            f"mixture-of-experts model (num_experts > 0; {model.name!r} is "
+                            f"dense); use ep=1 etp=1")
+        return
+    if model.num_experts % plan.ep:
+        raise PlanError(f"ep={plan.ep} does not divide num_experts={model.num_experts}; use "
+                        f"ep in {divisors(model.num_experts)}")
+    if model.expert_hidden % plan.etp:
+        raise PlanError(f"etp={plan.etp} does not divide the expert width moe_ffn_hidden="
+                        f"{model.expert_hidden}; use etp in "
+                        f"{divisors(math.gcd(model.expert_hidden, 64))}")

@@ -7,9 +7,10 @@ Each point is independent, so the grid runs in parallel: on the local cores thro
 API (``ray.remote`` / ``ray.get``) when given an address. Both call the same pure function
 per point (`run_point`), so they return the same rows.
 
-Time-to-train = token budget / predicted tokens/s of the point's best plan; GPU-hours =
-time-to-train × GPUs / 3600; cost = GPU-hours × the node type's price per GPU-hour, when one
-is given.
+Time-to-train = token budget / predicted tokens/s of the point's best plan
+(`planner.time_to_train.wall_s` at goodput 1: a healthy cluster; `meshplan plan --tokens`
+adds failures); GPU-hours = time-to-train × GPUs / 3600; cost = GPU-hours × the node type's
+price per GPU-hour, when one is given.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def run_point(model_name: str, point: SweepPoint, token_budget: float, global_ba
     and cost of the best plan; None where no plan fits)."""
     from planner.presets import load_model
     from planner.search import search
+    from planner.time_to_train import wall_s
     from simulator.network.variants import cluster_variant
     model = load_model(model_name)
     cluster = cluster_variant(point.base, point.node_type, point.gpus, point.nic_Gbps,
@@ -86,7 +88,7 @@ def run_point(model_name: str, point: SweepPoint, token_budget: float, global_ba
         return {**row, **dict.fromkeys(["best", "tokens_per_s", "mfu", "step_time_s",
                                         "time_to_train_s", "gpu_hours", "cost_usd"])}
     best = result.ranked.iloc[0]
-    seconds = token_budget / float(best["tokens_per_s"])
+    seconds = wall_s(token_budget, float(best["tokens_per_s"]), 1.0)  # healthy: no failures
     hours = seconds * point.gpus / 3600
     price = (prices or {}).get(point.node_type)
     return {**row, "best": best["id"], "tokens_per_s": float(best["tokens_per_s"]),

@@ -45,7 +45,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from planner.planfile import PlanFile, check_runnable, read_plan_file
-from planner.spec import PlanError, check_plan
+from planner.precision import storage_dtype
+from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
 from runtime.faults import add_fault_args
@@ -61,6 +62,7 @@ from runtime.parallelize import (
     vocab_parallel_loss,
 )
 from runtime.params import save_full_parameters
+from runtime.precision import apply_float8
 from runtime.resilience import Resilience, StopTraining, fault_args_error, resume_folder
 
 __all__ = ["format_step", "main", "step_record"]    # step_record / format_step: runtime.metrics
@@ -85,7 +87,7 @@ def make_optimizer(params) -> torch.optim.AdamW:
 def autocast_context(plan_dtype: str, device: torch.device):
     """bf16 autocast on CUDA when the plan asks for bf16; fp32 otherwise (always on CPU, where a
     bf16 matmul is ~176x slower than fp32 on CPUs without AVX512-BF16/AMX)."""
-    if device.type == "cuda" and plan_dtype == "bf16":
+    if device.type == "cuda" and storage_dtype(plan_dtype) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -188,13 +190,16 @@ def build_step(pf: PlanFile, mesh, device: torch.device, seed: int, attention: s
     share of the global mean loss (all ranks' shares sum to it).
     """
     model = Transformer(pf.model, seed=seed, attention=attention).to(device)
+    apply_float8(model, pf.plan.dtype)   # FP8 plans: torchao float8 linears (CUDA only)
     plan, amp = pf.plan, autocast_context(pf.plan.dtype, device)
     if plan.pp == 1:
         module = parallelize(model, plan, mesh)
         return [module], _accumulation_step(module, plan, amp, vocab_parallel_loss(plan))
     stages, schedule, modules = parallelize_pipeline(model, plan, mesh, cross_entropy_loss,
                                                      device=device)
-    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings else None
+    # ZB-V / DualPipe-V hold both tied copies on pipeline rank 0: no group, a local sum.
+    tied = tied_embedding_group(mesh) if pf.model.tied_embeddings and \
+        plan.schedule not in V_SCHEDULES else None
     step = _pipeline_step(stages, schedule, plan, amp, device)
 
     def step_and_sum_tied(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -269,6 +274,9 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
     notes = []
     if _run_dtype(pf, backend) != pf.plan.dtype:
         notes.append(f"dtype {pf.plan.dtype} runs as {_run_dtype(pf, backend)} on {backend}")
+    elif pf.plan.dtype == "fp8":
+        notes.append("dtype fp8 (delayed scaling) runs with torchao's dynamic per-tensor "
+                     "(current) scaling")
     if pf.plan.zero_stage in (1, 2):
         notes.append(f"zero_stage {pf.plan.zero_stage} runs as FSDP2 without resharding after "
                      "forward (sharded optimizer state and reduce-scattered gradients)")
@@ -277,7 +285,8 @@ def plan_notes(pf: PlanFile, backend: str) -> list[str]:
 
 def _run_dtype(pf: PlanFile, backend: str) -> str:
     """The dtype the step really computes in: bf16 / tf32 on CUDA when asked, else fp32."""
-    return pf.plan.dtype if backend == "nccl" and pf.plan.dtype in ("bf16", "tf32") else "fp32"
+    return pf.plan.dtype if backend == "nccl" and pf.plan.dtype in (
+        "bf16", "tf32", "fp8", "fp8-current") else "fp32"
 
 
 def select_device(plan_dtype: str) -> tuple[str, torch.device]:

@@ -1,6 +1,8 @@
 """Pipeline parallelism: ``torch.distributed.pipelining`` ``PipelineStage`` over stage modules
 made by deleting the layers a stage does not own (even or ``plan.stage_layers`` splits); GPipe,
-1F1B or interleaved 1F1B schedules.
+1F1B, interleaved 1F1B and the zero-bubble schedules (ZB-H1 and interleaved zero bubble,
+ZB-V, DualPipe-V: torch's ``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``,
+``ScheduleDualPipeV``, which split each backward into input- and weight-gradient actions).
 
 Written by hand where the building blocks do not do it: tied embeddings
 (`sum_tied_embedding_grads`, over the `tied_embedding_group`), and for DDP stage modules
@@ -20,17 +22,27 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from planner.mesh import rank_chunks
 from planner.spec import Plan, PlanError
 from runtime.model import Transformer
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-              "interleaved-1f1b": ScheduleInterleaved1F1B}
+              "interleaved-1f1b": ScheduleInterleaved1F1B,
+              # ZB-H1 is torch's interleaved zero bubble with one stage per rank.
+              "zb-h1": ScheduleInterleavedZeroBubble,
+              "interleaved-zb": ScheduleInterleavedZeroBubble,
+              "zb-v": ScheduleZBVZeroBubble, "dualpipe-v": ScheduleDualPipeV}
+#: Schedules built from the list of this rank's stages (the others take one stage).
+_MULTI_STAGE = ("interleaved-1f1b", "zb-h1", "interleaved-zb", "zb-v", "dualpipe-v")
 
 
 class DataParallelAwareStage(PipelineStage):
@@ -95,7 +107,8 @@ def apply_pp(model: Transformer, plan: Plan, pp_mesh: DeviceMesh,
     """Split ``model`` into this rank's pipeline stage(s) and build the plan's schedule.
 
     Pipeline rank r owns chunks r, r + pp, ... (``plan.virtual_stages`` of them; one unless the
-    schedule is interleaved 1F1B). Each chunk is a deep copy of ``model`` cut by
+    schedule has several chunks per rank), or r and 2·pp − 1 − r under ZB-V and DualPipe-V
+    (`planner.mesh.rank_chunks`). Each chunk is a deep copy of ``model`` cut by
     `split_for_stage` and passed through ``parallelize_fn`` (TP / DP) before it is wrapped.
 
     Args:
@@ -107,15 +120,14 @@ def apply_pp(model: Transformer, plan: Plan, pp_mesh: DeviceMesh,
     """
     pp_rank, num_chunks = pp_mesh.get_local_rank(), plan.pp * plan.virtual_stages
     stages, modules = [], []
-    for chunk in range(plan.virtual_stages):
-        index = pp_rank + chunk * plan.pp
+    for index in rank_chunks(plan, pp_rank):
         module = split_for_stage(copy.deepcopy(model), plan, index, allow_tied=True)
         module = parallelize_fn(module) if parallelize_fn is not None else module
         modules.append(module)
         stages.append(DataParallelAwareStage(module, index, num_chunks, device,
                                              group=pp_mesh.get_group()))
     schedule_cls = _SCHEDULES[plan.schedule]
-    if plan.schedule == "interleaved-1f1b":
+    if plan.schedule in _MULTI_STAGE:
         schedule = schedule_cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
     else:
         schedule = schedule_cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
@@ -146,9 +158,12 @@ def sum_tied_embedding_grads(modules: list[nn.Module], group: dist.ProcessGroup 
 
     torch.distributed.pipelining has no notion of parameters shared across stages, hence this
     one all-reduce per step. Works on plain, DDP-averaged and FSDP-sharded gradients alike (the
-    two stages of one (dp, tp) coordinate hold the same shard).
+    two stages of one (dp, tp) coordinate hold the same shard). With ``group`` None the two
+    copies live on this rank (ZB-V and DualPipe-V put the first and last chunks on pipeline
+    rank 0) and are summed in place.
     """
     if group is None:
+        _sum_local_tied_grads(modules)
         return
     for module in modules:
         for name, p in module.named_parameters():
@@ -156,3 +171,15 @@ def sum_tied_embedding_grads(modules: list[nn.Module], group: dist.ProcessGroup 
                                                                       "out.weight"):
                 grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
                 dist.all_reduce(grad, group=group)
+
+
+def _sum_local_tied_grads(modules: list[nn.Module]) -> None:
+    # Both copies of the tied matrix on this rank: each gradient becomes their sum.
+    grads = [p.grad for module in modules for name, p in module.named_parameters()
+             if p.grad is not None and name.removeprefix("module.") in ("tok.weight",
+                                                                         "out.weight")]
+    if len(grads) == 2:
+        local = [g._local_tensor if isinstance(g, DTensor) else g for g in grads]
+        total = local[0] + local[1]
+        for g in local:
+            g.copy_(total)

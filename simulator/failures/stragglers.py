@@ -70,12 +70,13 @@ def slowed_costs(costs: list[StageCosts], factors: tuple[float, ...]) -> list[St
     ... # doctest: +NORMALIZE_WHITESPACE
     StageCosts(fwd_compute_s=3.0, bwd_compute_s=6.0, fwd_comm_s=5, bwd_comm_s=0.0,
                p2p_fwd_s=0.0, p2p_bwd_s=0.0, dp_comm_s=0.0, dp_buckets=1, dp_gather_s=0.0,
-               optimizer_s=0.0)
+               optimizer_s=0.0, wgrad_s=0.0)
     """
     pp = len(factors)
     return [dataclasses.replace(c, fwd_compute_s=c.fwd_compute_s * factors[g % pp],
                                 bwd_compute_s=c.bwd_compute_s * factors[g % pp],
-                                optimizer_s=c.optimizer_s * factors[g % pp])
+                                optimizer_s=c.optimizer_s * factors[g % pp],
+                                wgrad_s=c.wgrad_s * factors[g % pp])
             if factors[g % pp] != 1.0 else c for g, c in enumerate(costs)]
 
 

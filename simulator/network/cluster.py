@@ -29,6 +29,7 @@ import yaml
 
 from planner.spec import PlanError
 from simulator import PRESET_DIR
+from simulator.network.cluster_keys import check_cluster_keys
 from simulator.network.cpu_profile import CpuProfile, read_profile
 from simulator.network.fabric import (
     INTRA_KINDS,
@@ -483,13 +484,28 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
         except yaml.YAMLError as exc:
             raise PlanError(f"cluster file {name_or_path!r} is not valid YAML: "
                             f"{str(exc).splitlines()[0]}") from None
+    return cluster_from_spec(name, spec, nodes=nodes, ranks=ranks, profile=profile,
+                             cpu_profile=cpu_profile,
+                             base_dir=None if path is None else path.parent)
+
+
+def cluster_from_spec(name: str, spec: object, *, nodes: int | None = None,
+                      ranks: int | None = None, profile: DeviceProfile | None = None,
+                      cpu_profile: CpuProfile | str | os.PathLike | None = None,
+                      base_dir: Path | None = None) -> Cluster:
+    """The cluster of a cluster file's mapping ``spec`` (the contents of a YAML file in the
+    format of docs/clusters.md, e.g. one a plan file embeds), named ``name``; ``base_dir``
+    resolves a relative ``cpu_profile``. Other arguments and errors as `load_cluster`.
+    """
     kind = spec.get("kind") if isinstance(spec, dict) else None
     builders = {"gpu": _gpu_cluster, "localhost": _localhost_cluster}
     if kind not in builders:
         raise PlanError(f"cluster {name!r} has kind={kind!r}; use one of {sorted(builders)}")
+    check_cluster_keys(name, spec)
     try:
-        if cpu_profile is None and isinstance(spec.get("cpu_profile"), str) and path is not None:
-            cpu_profile = path.parent / spec["cpu_profile"]
+        if cpu_profile is None and isinstance(spec.get("cpu_profile"), str) \
+                and base_dir is not None:
+            cpu_profile = base_dir / spec["cpu_profile"]
         if cpu_profile is not None and not isinstance(cpu_profile, CpuProfile):
             cpu_profile = read_profile(cpu_profile)
         return builders[kind](name, spec, nodes, ranks, profile, cpu_profile)

@@ -33,6 +33,7 @@ The parameters per GPU type live in ``simulator/presets/efficiency.yaml``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,6 +41,15 @@ from typing import Literal, NamedTuple
 
 import yaml
 
+from planner.precision import (
+    LINEAR_GEMMS,
+    NORM_FUSED_INPUTS,
+    block_scaled_device,
+    cast_bytes,
+    cast_copies,
+    recipe,
+    storage_dtype,
+)
 from planner.spec import DTYPE_BYTES, ModelSpec, PlanError
 from simulator import PRESET_DIR
 from simulator.network.hardware import DeviceProfile
@@ -67,6 +77,9 @@ class Efficiency:
         host_op_s: CPU time per launched op in an eager framework (forward op; the backward
             launches twice as many).
         flash_fraction: FlashAttention FLOP rate relative to a large GEMM.
+        fp8_fraction: an FP8 / MXFP8 GEMM's ceiling (fraction of the FP8 peak) relative to
+            a bf16 GEMM's ``gemm_max_fraction`` of the bf16 peak (`lowp_efficiency`).
+        fp4_fraction: the same for NVFP4 GEMMs against the FP4 peak.
         source: how the numbers were obtained.
     """
 
@@ -77,10 +90,13 @@ class Efficiency:
     kernel_s: float
     host_op_s: float
     flash_fraction: float = 0.8
+    fp8_fraction: float = 1.0
+    fp4_fraction: float = 1.0
     source: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("gemm_max_fraction", "memory_fraction", "flash_fraction"):
+        for name in ("gemm_max_fraction", "memory_fraction", "flash_fraction", "fp8_fraction",
+                     "fp4_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise PlanError(f"{name}={getattr(self, name)!r} must be in (0, 1]")
         for name in ("gemm_half_flops", "kernel_s", "host_op_s"):
@@ -124,6 +140,9 @@ class Op(NamedTuple):
     flops: float = 0.0
     bytes: float = 0.0
     rate: float = 1.0  # FLOP rate of a fused (flops) op relative to FlashAttention-2
+    #: Backward bytes of a memory-bound op when not twice the forward's (a quantize op: the
+    #: output gradient's cast), None: twice ``bytes``.
+    bwd_bytes: float | None = None
 
 
 def wave_efficiency(m: int, n: int, num_sms: int) -> float:
@@ -197,7 +216,7 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
     else:
         scores = micro_batch * heads * q * s
         ops.append(Op("attn-qk", m=q, n=s, k=model.head_dim, count=micro_batch * heads))
-        if megatron_fused_softmax(micro_batch, heads, s, dtype):
+        if megatron_fused_softmax(micro_batch, heads, s, storage_dtype(dtype)):
             ops.append(Op("attn-softmax", bytes=2 * scores * d))
         else:
             # The unfused fallback in fp32: cast up, scale, mask, softmax, cast down.
@@ -220,14 +239,60 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
     return ops
 
 
+def cast_ops(ops: list[Op], dtype: str, block_scaled: bool) -> list[Op]:
+    """The quantize ops a low-precision recipe adds for the linear GEMMs of ``ops`` (none for
+    bf16): per GEMM (m, n, k) the cast of its input (m×k, fused into the norm before QKV and
+    MLP up) forward and of its output gradient (m×n) backward (`planner.precision`).
+
+    >>> ops = [Op("qkv", m=4, n=6, k=8), Op("norm2", bytes=1)]
+    >>> [(o.name, o.bytes, o.bwd_bytes) for o in cast_ops(ops, "fp8", True)]
+    [('qkv-cast', 32.0, 72.0)]
+    """
+    r = recipe(dtype)
+    if r is None:
+        return []
+    copies = cast_copies(r, block_scaled)
+    return [Op(f"{op.name}-cast", bytes=cast_bytes(r, op.m * op.k, copies,
+                                                   fused_read=op.name in NORM_FUSED_INPUTS),
+               bwd_bytes=cast_bytes(r, op.m * op.n, copies))
+            for op in ops if op.name in LINEAR_GEMMS]
+
+
+def lowp_efficiency(eff: Efficiency, device: DeviceProfile, dtype: str) -> Efficiency:
+    """The GEMM efficiency of a recipe's linear GEMMs: the bf16 ceiling times
+    ``fp8_fraction`` (``fp4_fraction`` for NVFP4) and the saturation point scaled by the
+    peak ratio (the same fixed per-GEMM latency at the faster rate, as H100's entry scales
+    A100's); ``eff`` itself for bf16.
+
+    >>> e = Efficiency(gemm_max_fraction=0.8, gemm_half_flops=1e9, num_sms=132,
+    ...                memory_fraction=0.6, kernel_s=0.0, host_op_s=0.0, fp8_fraction=0.9)
+    >>> from simulator.network.hardware import load_device
+    >>> f = lowp_efficiency(e, load_device("h100-sxm-80gb"), "fp8")
+    >>> round(f.gemm_max_fraction, 3), round(f.gemm_half_flops / 1e9, 3)
+    (0.72, 2.001)
+    """
+    r = recipe(dtype)
+    if r is None:
+        return eff
+    ratio = device.peak(r.peak_key) / device.peak(storage_dtype(dtype))
+    frac = eff.fp4_fraction if r.peak_key == "nvfp4" else eff.fp8_fraction
+    return dataclasses.replace(eff, gemm_max_fraction=eff.gemm_max_fraction * frac,
+                               gemm_half_flops=eff.gemm_half_flops * ratio)
+
+
 ATTENTION_CORE = ("attn-core", "attn-qk", "attn-softmax", "attn-softmax-cast",
                   "attn-softmax-scale", "attn-softmax-mask", "attn-softmax-uncast",
                   "attn-dropout", "attn-av")
 
 
 def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> float:
-    """Forward device time of ``op``."""
-    peak = device.peak(dtype)
+    """Forward device time of ``op``; a linear GEMM of a low-precision recipe runs at the
+    recipe's peak and `lowp_efficiency`, every other op in the storage dtype (bf16)."""
+    peak = device.peak(storage_dtype(dtype))
+    if op.m and op.name in LINEAR_GEMMS and recipe(dtype) is not None:
+        low = recipe(dtype)
+        return gemm_time_s(op.m, op.n, op.k, device.peak(low.peak_key),
+                           lowp_efficiency(eff, device, dtype), op.count)
     if op.m:
         return gemm_time_s(op.m, op.n, op.k, peak, eff, op.count)
     if op.flops:
@@ -259,13 +324,25 @@ def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel
                   eff: Efficiency, cp: int = 1) -> LayerCompute:
     """`LayerCompute` of one block (cached: the planner calls it for many plans)."""
     ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp)
+    ops += cast_ops(ops, dtype, block_scaled_device(device.peak_flops))
+    return ops_compute(tuple(ops), device, eff, dtype)
+
+
+def ops_compute(ops: tuple[Op, ...], device: DeviceProfile, eff: Efficiency,
+                dtype: str) -> LayerCompute:
+    """`LayerCompute` of a block made of forward ``ops``: each op's `op_time_s`, the backward
+    as below, host time ``host_op_s`` per op (twice in backward)."""
     fwd = bwd = core = 0.0
     for op in ops:
         t = op_time_s(op, device, eff, dtype)
         fwd += t
         # Backward: two GEMMs per GEMM (dgrad, wgrad); FlashAttention's backward is 2.5x its
-        # forward (it recomputes the scores; Dao 2023 §3.1); memory ops move twice the bytes.
-        bwd += 2.5 * t if op.flops else 2 * t
+        # forward (it recomputes the scores; Dao 2023 §3.1); memory ops move twice the bytes
+        # (a cast: the output gradient's cast, ``bwd_bytes``).
+        if op.bwd_bytes is not None:
+            bwd += op_time_s(op._replace(bytes=op.bwd_bytes), device, eff, dtype)
+        else:
+            bwd += 2.5 * t if op.flops else 2 * t
         if op.name in ATTENTION_CORE:
             core += t
     host = eff.host_op_s * len(ops)
@@ -286,7 +363,8 @@ def edge_compute(model: ModelSpec, micro_batch: int, tp: int, dtype: str,
         bwd += 3 * t * model.hidden * d / bw + 2 * eff.kernel_s
         host += 3 * eff.host_op_s
     if last:
-        logits = gemm_time_s(t, model.vocab_size // tp, model.hidden, device.peak(dtype), eff)
+        logits = gemm_time_s(t, model.vocab_size // tp, model.hidden,
+                             device.peak(storage_dtype(dtype)), eff)
         loss = (2 * t * model.hidden * d + 3 * t * model.vocab_size / tp * 4) / bw \
             + 4 * eff.kernel_s
         fwd += logits + loss

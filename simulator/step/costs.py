@@ -18,8 +18,23 @@ from __future__ import annotations
 
 import math
 
-from planner.mesh import group_ranks, mesh_strides
-from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError, check_plan
+from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides, rank_chunks
+from planner.precision import (
+    LINEAR_GEMMS,
+    block_scaled_device,
+    cast_bytes,
+    cast_copies,
+    recipe,
+    storage_dtype,
+)
+from planner.spec import (
+    DTYPE_BYTES,
+    ZERO_BUBBLE_SCHEDULES,
+    ModelSpec,
+    Plan,
+    PlanError,
+    check_plan,
+)
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
     boundary_send_time_s,
@@ -35,8 +50,10 @@ from simulator.step.compute import (
     load_efficiency,
 )
 from simulator.step.cpu_model import cpu_stage_costs
-from simulator.step.memory import optimizer_bytes_per_param, params_per_stage, stage_params
+from simulator.step.memory import optimizer_bytes_per_param, stage_param_split
+from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
+from simulator.step.zero_bubble import split_backward
 
 
 def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
@@ -123,47 +140,56 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
     # the reduction dtype, as for ZeRO 0-2 (`_dp_and_optimizer`): fp32 for bf16 unless the
     # framework reduces in 16 bits (PyTorch FSDP MixedPrecision reduce_dtype; torchtitan's
     # default mixed_precision_reduce = float32, Composer's PURE = bf16).
-    shard = plan.dp_cp
-    if plan.zero_stage != 3 or shard == 1:
+    # An MoE model gathers its non-expert and expert parts over their own groups.
+    if plan.zero_stage != 3:
         return 0.0, 0.0
     d = DTYPE_BYTES[plan.dtype]
-    nbytes = model.layer_params() / plan.tp * d
-    gbytes = model.layer_params() / plan.tp * (options.grad_reduce_bytes
-                                               or (4 if plan.dtype == "bf16" else d))
-    group = group_ranks(plan, "dp_cp", stage=rank)
-    gather = collective_time_s(cluster, "all_gather", nbytes, group)
-    scatter = collective_time_s(cluster, "reduce_scatter", gbytes, group)
-    if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
-        gather = max(gather, _unaggregated_s(cluster, nbytes, shard))
-        scatter = max(scatter, _unaggregated_s(cluster, gbytes, shard))
+    groups = zero3_layer_groups(model, plan, rank) if model.is_moe else \
+        [(model.layer_params() / plan.tp, group_ranks(plan, "dp_cp", stage=rank))]
+    gather = scatter = 0.0
+    for params, group in groups:
+        shard = len(group)
+        if shard == 1:
+            continue
+        nbytes = params * d
+        gbytes = params * (options.grad_reduce_bytes
+                           or (4 if storage_dtype(plan.dtype) == "bf16" else d))
+        g = collective_time_s(cluster, "all_gather", nbytes, group)
+        r = collective_time_s(cluster, "reduce_scatter", gbytes, group)
+        if options.zero3_unaggregated and plan.world_size > cluster.devices_per_node:
+            g = max(g, _unaggregated_s(cluster, nbytes, shard))
+            r = max(r, _unaggregated_s(cluster, gbytes, shard))
+        gather, scatter = gather + g, scatter + r
     return gather, gather + scatter
 
 
 def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
-                      bandwidth: float, options: SimOptions,
-                      params: float | None = None) -> dict[str, float]:
+                      bandwidth: float, options: SimOptions) -> dict[str, float]:
     # ZeRO 1/2 (distributed optimizer): reduce-scatter gradients, all-gather the updated
-    # 16-bit weights. ZeRO-3 reduces per layer (`_zero3_layer_comm`). ``params``: the
-    # stage's `stage_params` when the caller has it.
-    params = stage_params(model, plan, stage) if params is None else params
+    # 16-bit weights. ZeRO-3 reduces per layer (`_zero3_layer_comm`).
+    # An MoE model reduces its expert gradients over the expert data-parallel group.
+    dense, experts = stage_param_split(model, plan, stage)
     d = DTYPE_BYTES[plan.dtype]
-    g = options.grad_reduce_bytes or (4 if plan.dtype == "bf16" else d)
-    grads = params * g
-    group = group_ranks(plan, "dp_cp", stage=stage)
-    if plan.zero_stage == 0:
-        reduce, gather = collective_time_s(cluster, "all_reduce", grads, group), 0.0
-    elif plan.zero_stage == 3:
-        reduce = gather = 0.0
-    else:
-        reduce = collective_time_s(cluster, "reduce_scatter", grads, group)
-        gather = collective_time_s(cluster, "all_gather", params * d, group)
+    g = options.grad_reduce_bytes or (4 if storage_dtype(plan.dtype) == "bf16" else d)
+    groups = [(dense, group_ranks(plan, "dp_cp", stage=stage))]
+    if experts:
+        groups.append((experts, expert_group_ranks(plan, "edp", stage=stage)))
+    reduce = gather = updated = 0.0
+    for params, group in groups:
+        grads = params * g
+        if plan.zero_stage == 0:
+            reduce += collective_time_s(cluster, "all_reduce", grads, group)
+        elif plan.zero_stage != 3:
+            reduce += collective_time_s(cluster, "reduce_scatter", grads, group)
+            gather += collective_time_s(cluster, "all_gather", params * d, group)
+        updated += params / (len(group) if plan.zero_stage >= 1 else 1)
     # Adam: read gradients, read/write master weights and both moments, write weights.
     per_param = g + 2 * optimizer_bytes_per_param(plan.dtype) + (d if d < 4 else 0)
-    shard = plan.dp_cp if plan.zero_stage >= 1 else 1
     bucket = options.dp_bucket_bytes
+    grads = (dense + experts) * g
     return {"dp_comm_s": reduce, "dp_gather_s": gather,
             "dp_buckets": max(1, math.ceil(grads / bucket)) if bucket else 1,
-            "optimizer_s": params / shard * per_param / bandwidth}
+            "optimizer_s": updated * per_param / bandwidth}
 
 
 def check_cluster(plan: Plan, cluster: Cluster) -> None:
@@ -177,9 +203,11 @@ def check_cluster(plan: Plan, cluster: Cluster) -> None:
 
 def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions,
                  rank: int, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
-                 host_re: float) -> tuple[float, float, float, float]:
+                 host_re: float, moe_comm: tuple[float, float] = (0.0, 0.0)
+                 ) -> tuple[float, float, float, float]:
     # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm) of one micro-batch of a
-    # chunk of ``layers`` blocks on pipeline rank ``rank``.
+    # chunk of ``layers`` blocks on pipeline rank ``rank``; ``moe_comm`` is the exposed
+    # expert all-to-all per block (`simulator.step.moe.chunk_moe_terms`).
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
     z_fwd, z_bwd = _zero3_layer_comm(model, plan, cluster, rank, options)
@@ -194,6 +222,7 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     cp_f = max(0.0, ring_f - lc.attn_core_fwd_s)
     fwd_comm += cp_f
     bwd_comm += max(0.0, ring_b - core_b) + (cp_f if plan.recompute == "full" else 0.0)
+    fwd_comm, bwd_comm = fwd_comm + moe_comm[0], bwd_comm + moe_comm[1]
     # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows, and
     # only the prefetched share of a layer's gather can hide (`SimOptions`). On a CPU
     # cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
@@ -211,8 +240,9 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
     # so only device + comm beyond the host time is exposed communication.
     fwd, bwd, dev_f, dev_b = _chunk_compute(plan, layers, lc, edge, host_re)
-    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd),
-            max(0.0, dev_b + layers * bwd_comm - bwd))
+    amax_f, amax_b = amax_allreduce_s(plan, cluster, rank, layers)
+    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd) + amax_f,
+            max(0.0, dev_b + layers * bwd_comm - bwd) + amax_b)
 
 
 def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
@@ -261,14 +291,17 @@ def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     form is the same expression over C_r plus each chunk's exposed communication, plus P2P
     and the DP / optimizer tail, all ≥ 0; the expression grows with every C_r (its slope is
     m − 1/v + 1/v ≥ 0 in the largest and 1/v in the others), so it is never above the step.
-    0 on a calibrated CPU cluster (its costs come from measured tables, not this model).
+    0 (no bound) where the step has another closed form or other compute terms: zero-bubble
+    schedules (`simulator.step.zero_bubble`), MoE and MLA models (`simulator.step.moe`), and
+    a calibrated CPU cluster (measured tables).
 
     Raises:
         PlanError: as `stage_costs`.
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if cluster.cpu_profile is not None and plan.cp == 1:
+    if (cluster.cpu_profile is not None and plan.cp == 1) or model.is_moe or model.is_mla \
+            or plan.schedule in ZERO_BUBBLE_SCHEDULES:
         return 0.0
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     chunks = plan.layers_per_stage(model)
@@ -286,12 +319,58 @@ def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     return plan.num_microbatches * busiest + (sum(work) - busiest) / plan.virtual_stages
 
 
+def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:
+    """Seconds a low-precision recipe spends once per step casting one rank's linear weights
+    (``layers`` blocks, 1/tp of each; `planner.precision.cast_bytes` with its copies) after
+    the optimizer step, cached for every micro-batch; 0 for bf16.
+
+    >>> from planner.presets import load_model
+    >>> from simulator.network.hardware import load_device
+    >>> p = Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, dtype="fp8")
+    >>> m = load_model("llama3-8b")
+    >>> w = m.layer_matmul_params()  # read 2 B, write the weight and its transpose: 4 B
+    >>> weight_cast_s(m, p, 1, load_device("h100-sxm-80gb"), 1e12) == w * 4 / 1e12
+    True
+    """
+    r = recipe(plan.dtype)
+    if r is None:
+        return 0.0
+    copies = cast_copies(r, block_scaled_device(device.peak_flops))
+    return cast_bytes(r, model.layer_matmul_params() / plan.tp * layers, copies) / bandwidth
+
+
+def amax_allreduce_s(plan: Plan, cluster: Cluster, rank: int,
+                     layers: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a delayed-scaling recipe's amax all-reduce for one
+    micro-batch of a chunk of ``layers`` blocks; (0, 0) for every other dtype.
+
+    Transformer Engine reduces the amaxes of all FP8 tensors of a forward in one all-reduce
+    when ``fp8_autocast`` exits, and those of the backward in one more, over the amax
+    reduction group (Megatron-Core: the tp·dp·cp ranks that hold the same layers); 4 bytes
+    per tensor: the input and weight of each linear forward, its output gradient backward.
+    The group is costed as its tp and dp·cp groups in turn (latency-bound).
+    """
+    r = recipe(plan.dtype)
+    if r is None or not r.amax_allreduce:
+        return 0.0, 0.0
+
+    def reduce(nbytes: float) -> float:
+        return sum(collective_time_s(cluster, "all_reduce", nbytes,
+                                     group_ranks(plan, axis, stage=rank))
+                   for axis, n in (("tp", plan.tp), ("dp_cp", plan.dp_cp)) if n > 1)
+
+    tensors = len(LINEAR_GEMMS) * layers
+    return reduce(2 * 4 * tensors), reduce(4 * tensors)
+
+
 def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
                 options: SimOptions = DEFAULT_OPTIONS) -> list[StageCosts]:
     """`StageCosts` of every virtual pipeline stage, one representative rank each.
 
     Entry g = chunk·pp + rank (pp·virtual_stages entries, pipeline order; just the pp stages
-    when virtual_stages = 1) runs on pipeline rank g % pp. Each rank's once-per-step DP and
+    when virtual_stages = 1) runs on pipeline rank g % pp (`planner.mesh.chunk_rank`: ZB-V and
+    DualPipe-V fold the chunks in a V). Zero-bubble schedules get each chunk's weight-gradient
+    time (`simulator.step.zero_bubble.split_backward`). Each rank's once-per-step DP and
     optimizer costs sit on its first chunk's entry (g < pp; zero elsewhere): chunk 0 runs the
     rank's last backward, the one DP buckets overlap with. A micro-batch of a chunk takes
     max(device time, host launch time) (`simulator.step.compute`).
@@ -305,7 +384,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     if cluster.cpu_profile is not None and plan.cp == 1:  # calibrated CPU
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
-            return calibrated
+            return _with_wgrad(calibrated, model, plan, cluster, options)
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     bandwidth = dev.memory_bandwidth_Bps * eff.memory_fraction
     act_bytes = plan.micro_batch * model.seq_len // plan.cp * model.hidden \
@@ -315,30 +394,31 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     p2p_bytes = act_bytes / plan.tp if options.p2p_scatter_gather else act_bytes
     pp, stride = plan.pp, mesh_strides(plan)["pp"]
     chunks = plan.layers_per_stage(model)
-    params = params_per_stage(model, plan)
     # Chunks of one plan differ only by their layers, their edges (embedding, logits) and,
-    # with cp > 1, the devices of their CP ring: the TP and ZeRO-3 groups are concurrent
-    # ranges, costed by stride and size alone (`simulator.network.collectives`). So equal
-    # chunks are costed once (unless the cost memo is off), and so are equal DP tails.
+    # with cp > 1, the devices of their CP ring (MoE and MLA chunks also by their index):
+    # the TP, ZeRO-3 and DP groups are concurrent ranges, costed by stride and size alone
+    # (`simulator.network.collectives`). So equal chunks, equal DP tails and equal entries
+    # are costed once (unless the cost memo is off).
     memo: dict | None = {} if memo_enabled() else None
+    by_index = model.is_moe or model.is_mla
     out = []
     for g, layers in enumerate(chunks):
-        rank = g % pp
+        rank = chunk_rank(plan.schedule, pp, g)
         first, last = g == 0, g == len(chunks) - 1
-        key = (layers, first, last, rank if plan.cp > 1 else -1)
+        key = (layers, first, last, rank if plan.cp > 1 else -1, g if by_index else -1)
         times = None if memo is None else memo.get(key)
         if times is None:
-            edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff,
-                                first=first, last=last, cp=plan.cp)
-            times = _chunk_times(model, plan, cluster, options, rank, layers, lc, edge, host_re)
+            times = _chunk_entry(model, plan, cluster, options, g, rank, layers, lc, dev, eff,
+                                 host_re)
             if memo is not None:
                 memo[key] = times
         fwd, bwd, fwd_comm, bwd_comm = times
-        tail = _tail(model, plan, cluster, rank, bandwidth, options, params[rank], fwd, memo) \
+        src = rank * stride
+        nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
+        prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
+        tail = _tail(model, plan, cluster, rank, bandwidth, options, chunks, dev, fwd, memo) \
             if g < pp else {}
         extra = options.p2p_overhead_s
-        src = rank * stride
-        nxt, prv = ((rank + 1) % pp) * stride, ((rank - 1) % pp) * stride
         p2p_f = boundary_send_time_s(cluster, p2p_bytes, src, nxt, pp_stride=stride, pp=pp) \
             + extra if g < len(chunks) - 1 else 0.0
         p2p_b = boundary_send_time_s(cluster, p2p_bytes, src, prv, pp_stride=stride, pp=pp) \
@@ -354,20 +434,49 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             if not tail and memo is not None:
                 memo[fields] = entry
         out.append(entry)
-    return out
+    return _with_wgrad(out, model, plan, cluster, options)
+
+
+def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions, g: int,
+                 rank: int, layers: int, lc: LayerCompute, dev, eff: Efficiency,
+                 host_re: float) -> tuple[float, float, float, float]:
+    # `_chunk_times` of chunk g, with its edges and, for MoE / MLA, its own block costs.
+    edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff, first=g == 0,
+                        last=g == plan.pp * plan.virtual_stages - 1, cp=plan.cp)
+    lc_g, moe_comm = lc, (0.0, 0.0)
+    if model.is_moe or model.is_mla:
+        lc_g, *moe_comm = chunk_moe_terms(
+            model, plan, cluster, g, rank, options.attention, dev, eff,
+            imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
+            overlap=options.moe_a2a_overlap)
+    return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
+                        tuple(moe_comm))
 
 
 def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: float,
-          options: SimOptions, params: float, fwd: float, memo: dict | None) -> dict:
-    # A rank's once-per-step DP reduction, weight gather and optimizer (`_dp_and_optimizer`);
-    # the DP group of every rank is a concurrent range of one stride and size, so ranks with
-    # equal parameters have equal tails.
-    key = ("tail", params, fwd)
+          options: SimOptions, chunks: tuple[int, ...], dev, fwd: float,
+          memo: dict | None) -> dict:
+    # A rank's once-per-step DP reduction, weight gather, optimizer and weight casts
+    # (`_dp_and_optimizer`, `weight_cast_s`); its DP and expert-DP groups are concurrent
+    # groups of one shape for every rank, so ranks with equal parameters, layers and
+    # forward time have equal tails.
+    held = sum(chunks[c] for c in rank_chunks(plan, rank))
+    key = ("tail", stage_param_split(model, plan, rank), held, fwd)
     if memo is not None and key in memo:
         return dict(memo[key])
-    tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options, params)
+    tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options)
+    tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
     if options.overlap_param_gather:
         tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
     if memo is not None:
         memo[key] = dict(tail)
     return tail
+
+
+def _with_wgrad(costs: list[StageCosts], model: ModelSpec, plan: Plan, cluster: Cluster,
+                options: SimOptions) -> list[StageCosts]:
+    # Zero-bubble schedules run the weight gradients apart: give each chunk its W time.
+    if plan.schedule not in ZERO_BUBBLE_SCHEDULES:
+        return costs
+    return split_backward(costs, model, plan, options.attention, _device(cluster),
+                          _efficiency(cluster, options))

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.spec import DTYPE_BYTES, ModelSpec, Plan
+from planner.mesh import chunk_rank, rank_chunks
+from planner.precision import storage_dtype, weight_cache_bytes_per_param
+from planner.spec import DTYPE_BYTES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
+from simulator.step.zb_orders import peak_in_flight, rank_order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,32 +66,56 @@ def _chunk_params(model: ModelSpec, plan: Plan, chunk: int, sizes: tuple[int, ..
 
 def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding): the sum of
-    its chunks' `chunk_params` (one chunk unless interleaved)."""
-    return params_per_stage(model, plan)[stage]
+    its chunks' `chunk_params` (one chunk unless interleaved; `planner.mesh.rank_chunks`)."""
+    return stage_param_splits(model, plan)[stage][0] if not model.is_moe else \
+        sum(chunk_params(model, plan, c) for c in rank_chunks(plan, stage))
 
 
-def params_per_stage(model: ModelSpec, plan: Plan) -> list[float]:
-    """`stage_params` of every pipeline stage, in stage order.
+def stage_param_splits(model: ModelSpec, plan: Plan) -> list[tuple[float, float]]:
+    """`stage_param_split` of every pipeline stage, in stage order, in one pass over the
+    chunks.
 
     >>> from planner.presets import load_model
     >>> p = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8, dtype="fp32",
     ...          schedule="interleaved-1f1b", virtual_stages=2)
     >>> m = load_model("tiny-gpt")
     >>> c = [chunk_params(m, p, g) for g in range(4)]  # chunk g sits on rank g % pp
-    >>> params_per_stage(m, p) == [c[0] + c[2], c[1] + c[3]]
+    >>> stage_param_splits(m, p) == [(c[0] + c[2], 0.0), (c[1] + c[3], 0.0)]
     True
     """
     sizes, layer = plan.layers_per_stage(model), model.layer_params()
-    last, inner = len(sizes) - 1, {}
-    chunks = []
-    for c, size in enumerate(sizes):
-        if 0 < c < last:  # an inner chunk: its blocks only, equal for equal sizes
+    last, inner, out = len(sizes) - 1, {}, [[0.0, 0.0] for _ in range(plan.pp)]
+    if model.is_moe:
+        from simulator.step.moe import chunk_param_split
+    for g, size in enumerate(sizes):   # in chunk order: each rank's sum in rank_chunks order
+        if 0 < g < last:  # an inner chunk: its blocks only, equal for equal sizes
             if size not in inner:
-                inner[size] = _chunk_params(model, plan, c, sizes, layer)
-            chunks.append(inner[size])
+                inner[size] = _chunk_params(model, plan, g, sizes, layer)
+            params = inner[size]
         else:
-            chunks.append(_chunk_params(model, plan, c, sizes, layer))
-    return [sum(chunks[stage::plan.pp]) for stage in range(plan.pp)]
+            params = _chunk_params(model, plan, g, sizes, layer)
+        dense, expert = chunk_param_split(model, plan, g, params) if model.is_moe else \
+            (params, 0.0)
+        acc = out[chunk_rank(plan.schedule, plan.pp, g)]
+        acc[0], acc[1] = acc[0] + dense, acc[1] + expert
+    return [(d, e) for d, e in out]
+
+
+def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters one rank of pipeline ``stage`` holds before
+    ZeRO sharding: `stage_params` for a dense model (no experts); for an MoE model the routed
+    experts are held E/ep per rank and 1/etp of each, the rest split over tp
+    (`simulator.step.moe.chunk_param_split`). ZeRO shards the first over dp·cp and the
+    experts over the expert data-parallel group edp (Megatron-Core's distributed optimizer
+    with MoE parallel folding)."""
+    if not model.is_moe:
+        return stage_param_splits(model, plan)[stage]
+    from simulator.step.moe import chunk_param_split
+    dense = expert = 0.0
+    for c in rank_chunks(plan, stage):
+        d, e = chunk_param_split(model, plan, c, chunk_params(model, plan, c))
+        dense, expert = dense + d, expert + e
+    return dense, expert
 
 
 def optimizer_bytes_per_param(dtype: str) -> int:
@@ -133,8 +160,14 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
     1F1B: min(pp − stage, m) (Narayanan et al. 2021, §2.2); GPipe: all m. Interleaved 1F1B
     with v chunks: the w + 1 chunk micro-batches of Megatron-LM's warm-up, w = 2(pp − stage −
     1) + (v − 1)·pp, each 1/v of the stage: min(w + 1, m·v) / v (≈ pp·(1 + 1/v) on rank 0).
+    Zero-bubble schedules: the peak of their order (`simulator.step.zb_orders.peak_in_flight`,
+    activations held until W), over v: pp for ZB-H1 and ZB-V as for 1F1B (Qi et al. 2024
+    Table 1 and §6), (2·pp + 1)/2 for DualPipe-V (PP + 1 chunks, DeepSeek-V3 report Table 2).
     """
     m, v = plan.num_microbatches, plan.virtual_stages
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        order = rank_order(plan.schedule, plan.pp, m, stage, v)
+        return peak_in_flight(order) / v
     if plan.schedule == "gpipe":
         return m
     if v == 1:
@@ -148,9 +181,10 @@ def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
     s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
     extra = 0.0
-    if stage == 0:
+    chunks = rank_chunks(plan, stage)
+    if 0 in chunks:
         extra += 2 * s * b * h * scale
-    if stage == plan.pp - 1:
+    if plan.pp * plan.virtual_stages - 1 in chunks:
         extra += 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
     return extra
 
@@ -173,12 +207,21 @@ def main_grad_bytes_per_param(dtype: str) -> tuple[int, int]:
     d = DTYPE_BYTES[dtype]
     if d == 4:
         return 4, 8
-    return (4, 12) if dtype == "bf16" else (d, 16)
+    return (4, 12) if storage_dtype(dtype) == "bf16" else (d, 16)
+
+
+def _linear_params(model: ModelSpec) -> float:
+    # The matrices of one block (the mean over blocks for an MoE model), which a
+    # low-precision recipe casts and caches.
+    if model.is_moe:
+        return model.moe_mean_layer_params(active=False, matmul_only=True)
+    return model.layer_matmul_params()
 
 
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
-                     fp32_main_grads: bool = False) -> list[MemoryBreakdown]:
+                     fp32_main_grads: bool = False,
+                     block_scaled: bool = False) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -195,12 +238,16 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
+        block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
+            of the weight and its transpose, `planner.precision.cast_copies`); a
+            low-precision plan adds its cached weight copies to the weights.
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
     return [MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
                             activations_bytes=a, overhead_bytes=overhead_bytes)
-            for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads)]
+            for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
+                                                block_scaled)]
 
 
 #: Schedules whose micro-batches in flight never grow from one stage to the next.
@@ -208,8 +255,8 @@ MONOTONE_IN_FLIGHT = ("1f1b", "gpipe", "interleaved-1f1b")
 
 
 def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
-                       attention: str = "unfused", *,
-                       fp32_main_grads: bool = False) -> tuple[int, MemoryBreakdown]:
+                       attention: str = "unfused", *, fp32_main_grads: bool = False,
+                       block_scaled: bool = False) -> tuple[int, MemoryBreakdown]:
     """``(stage, breakdown)`` of the stage of `memory_per_stage` that needs the most (the
     first of equals), without building the others' breakdowns.
 
@@ -219,14 +266,15 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
     >>> worst_stage_memory(m, p) == max(enumerate(stages), key=lambda s: s[1].total_bytes)
     True
     """
-    # With equal chunks the inner stages hold equal weights and layers and, in these
-    # schedules, no more micro-batches in flight than the stage before them
+    # With equal chunks of a dense model the inner stages hold equal weights and layers and,
+    # in these schedules, no more micro-batches in flight than the stage before them
     # (`microbatches_in_flight`): only stages 0, 1 and pp − 1 can be the first worst.
     stages = None
-    if plan.stage_layers is None and plan.schedule in MONOTONE_IN_FLIGHT:
+    if plan.stage_layers is None and plan.schedule in MONOTONE_IN_FLIGHT and not model.is_moe:
         stages = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
     worst, parts, top = 0, None, -1.0
-    for stage, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads, stages):
+    for stage, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
+                                            block_scaled, stages):
         total = w + g + o + a + overhead_bytes  # as `MemoryBreakdown.total_bytes` sums
         if total > top:
             worst, parts, top = stage, (w, g, o, a), total
@@ -236,20 +284,33 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
 
 
 def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
-                 stages: list[int] | None = None):
+                 block_scaled: bool, stages: list[int] | None = None):
     # (stage, (weights, gradients, optimizer, activations) bytes) of each stage (or of
     # ``stages``), as `memory_per_stage` documents them.
     d = DTYPE_BYTES[plan.dtype]
     per_layer = layer_activation_bytes(model, plan, attention)
     chunks = plan.layers_per_stage(model)
-    z, shard = plan.zero_stage, plan.dp_cp
+    held_chunks: list[list[int]] = [[] for _ in range(plan.pp)]
+    for c in range(len(chunks)):
+        held_chunks[chunk_rank(plan.schedule, plan.pp, c)].append(c)
+    splits = stage_param_splits(model, plan) if not model.is_moe else None
+    z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
-    params = params_per_stage(model, plan)
     for stage in range(plan.pp) if stages is None else stages:
-        layers = sum(chunks[stage::plan.pp])
+        params, experts = splits[stage] if splits else stage_param_split(model, plan, stage)
+        layers = sum(chunks[c] for c in held_chunks[stage])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
-        p = params[stage]
-        yield stage, (p * d / (shard if z >= 3 else 1), p * g / (shard if z >= 2 else 1),
-                      p * o / (shard if z >= 1 else 1),
+        if model.is_moe:
+            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
+            acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+
+        def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
+            # bytes of both parameter groups, each sharded over its own group under ZeRO
+            return p * per_param / (shard if z >= from_stage else 1) \
+                + e * per_param / (eshard if z >= from_stage else 1)
+
+        cache = _linear_params(model) / plan.tp * layers \
+            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        yield stage, (held(d, 3) + cache / (shard if z >= 3 else 1), held(g, 2), held(o, 1),
                       acts * microbatches_in_flight(plan, stage))

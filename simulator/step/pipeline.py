@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from planner.spec import ZERO_BUBBLE_SCHEDULES
 from simulator.step.stagecosts import StageCosts
 
 
@@ -156,6 +157,13 @@ def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule
             if g > 0:
                 env.process(pipe.send(rank, "p2p-prev", ("B", g - 1, k), c.p2p_bwd_s,
                                       f"send-grad{tag}"))
+    yield from step_tail(env, rank, tail, overlap_dp, dp_done)
+
+
+def step_tail(env: simpy.Environment, rank: _Rank, tail: StageCosts, overlap_dp: bool,
+              dp_done: simpy.Event):
+    """The once-per-step end of a rank (a SimPy generator): the exposed part of the bucketed
+    gradient reduction (or all of it), the optimizer, the ZeRO weight gather."""
     if overlap_dp:
         backward_end = env.now
         yield dp_done
@@ -178,12 +186,18 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
     accumulation ends); otherwise the whole reduction follows it. Returns the step time (last
     rank to finish) and the busy compute / exposed communication of the critical rank (latest
     finish; ties go to the busier rank); ``events`` is the event log (empty unless ``trace``),
-    ordered by start time.
+    ordered by start time. Zero-bubble schedules (`planner.spec.ZERO_BUBBLE_SCHEDULES`) run in
+    `simulator.step.zero_bubble.simulate_zero_bubble`.
 
     >>> c = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0, p2p_fwd_s=0.5, p2p_bwd_s=0.5)
     >>> simulate_pipeline([c, c], "1f1b", 2).step_time_s  # (m + pp − 1)(F + B) + 2 sends
     10.0
     """
+    if schedule in ZERO_BUBBLE_SCHEDULES:
+        from simulator.step.zero_bubble import simulate_zero_bubble  # it builds on this module
+        return simulate_zero_bubble(costs, schedule, num_microbatches,
+                                    virtual_stages=virtual_stages, trace=trace,
+                                    overlap_dp=overlap_dp)
     env = simpy.Environment()
     pp = len(costs) // virtual_stages
     pipe = _Pipeline(env, costs, pp, trace)
@@ -191,7 +205,13 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
         env.process(_stage_process(env, pipe, stage, schedule, num_microbatches,
                                    virtual_stages, overlap_dp))
     env.run()
-    ranks = pipe.ranks
+    return pipeline_result(pipe)
+
+
+def pipeline_result(pipe: _Pipeline) -> PipelineResult:
+    """The `PipelineResult` of a finished SimPy run: the last rank to finish sets the step
+    time; the critical rank is the latest to finish (ties go to the busier rank)."""
+    pp, ranks = pipe.pp, pipe.ranks
     crit = max(range(pp), key=lambda s: (ranks[s].finish,
                                          ranks[s].busy["compute"] + ranks[s].busy["comm"]))
     events = sorted(pipe.log, key=lambda e: (e[3], e[0])) if pipe.log else []

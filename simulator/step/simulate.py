@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.flops import hfu, mfu
-from planner.spec import ModelSpec, Plan
+from planner.precision import block_scaled_device, storage_dtype
+from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 from simulator.failures.slow_links import link_slowdowns, replica_costs, slow_nic_cluster
 from simulator.failures.stragglers import (
     estimate_replicas,
@@ -29,6 +30,7 @@ from simulator.step.costs import (
 )
 from simulator.step.memory import MemoryBreakdown, memory_per_stage
 from simulator.step.pipeline import estimate_pipeline, simulate_pipeline
+from simulator.step.zero_bubble import estimate_zero_bubble
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +65,13 @@ class StepPrediction:
 def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, compute: float,
                 comm: float, events: list[tuple], attention: str, *,
                 fp32_main_grads: bool = False) -> StepPrediction:
-    # MFU / HFU (`planner.flops`) against the world's dense peak at the plan's dtype
+    # MFU / HFU (`planner.flops`) against the world's dense peak at the plan's storage dtype
+    # (bf16 for a low-precision recipe, as torchtitan and Megatron-Bridge report MFU)
     tokens_per_s = plan.global_batch * model.seq_len / step
-    peak = cluster.device.peak(plan.dtype)
+    peak = cluster.device.peak(storage_dtype(plan.dtype))
     memory = memory_per_stage(model, plan, attention=attention,
-                              fp32_main_grads=fp32_main_grads)
+                              fp32_main_grads=fp32_main_grads,
+                              block_scaled=block_scaled_device(cluster.device.peak_flops))
     return StepPrediction(
         step_time_s=step, compute_s=compute, comm_s=comm,
         bubble_s=max(0.0, step - compute - comm), tokens_per_s=tokens_per_s,
@@ -125,8 +129,9 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
              stragglers: Mapping[int, float] | None = None,
              slow_links: Mapping[int, float] | None = None) -> StepPrediction:
     """Analytical (no SimPy) version of `simulate`, for screening many plans quickly
-    (~0.1 ms a call); with ``stragglers`` or ``slow_links``, the slowest replica's closed
-    form (`simulator.failures.stragglers.estimate_with_stragglers`).
+    (~0.1 ms a call; zero-bubble schedules ~ms, `estimate_zero_bubble`); with
+    ``stragglers`` or ``slow_links``, the slowest replica's closed form
+    (`simulator.failures.stragglers.estimate_with_stragglers`).
 
     Raises:
         PlanError: as `simulate`.
@@ -140,6 +145,9 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
     elif stragglers:
         step, compute, comm = estimate_with_stragglers(costs, plan, stragglers,
                                                        overlap_dp=overlap_dp)
+    elif plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        step, compute, comm = estimate_zero_bubble(costs, plan.schedule, plan.num_microbatches,
+                                                   overlap_dp, plan.virtual_stages)
     else:
         step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
                                                 plan.virtual_stages)

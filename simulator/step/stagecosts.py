@@ -23,7 +23,9 @@ class StageCosts:
     forward); p2p_fwd_s sends the activation to the next stage, p2p_bwd_s the gradient to the
     previous one. Once per step: dp_comm_s reduces the gradients (all-reduce, or
     reduce-scatter under ZeRO) in ``dp_buckets`` equal buckets, optimizer_s updates the
-    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2).
+    weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2). wgrad_s is the
+    part of bwd_compute_s that computes weight gradients (the W of the zero-bubble schedules,
+    `simulator.step.zero_bubble`); the rest is the input gradient (B).
     """
 
     fwd_compute_s: float
@@ -36,6 +38,7 @@ class StageCosts:
     dp_buckets: int = 1
     dp_gather_s: float = 0.0
     optimizer_s: float = 0.0
+    wgrad_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +79,14 @@ class SimOptions:
         fp32_main_grads: the framework keeps fp32 main gradients (Megatron, DeepSpeed):
             18 bytes of model state per parameter in bf16 instead of 16
             (`simulator.step.memory.main_grad_bytes_per_param`).
+        moe_imbalance: routing imbalance of an MoE model, the busiest EP rank's tokens over
+            the mean (1.0: balanced, as forced routing gives; `simulator.step.moe`).
+        moe_dispatcher: 'alltoall' (NCCL all-to-all of every token copy, Megatron-Core
+            ``moe_token_dispatcher_type='alltoall'``) or 'deepep' (DeepEP's node-deduplicated
+            RDMA + NVLink dispatch; `simulator.step.moe.node_dedup_factor`).
+        moe_a2a_overlap: MoE all-to-alls run beside another micro-batch's compute
+            (Megatron-Core ``--overlap-moe-expert-parallel-comm``, DualPipe); only the part
+            longer than the block's compute is exposed.
     """
 
     attention: Attention = "flash"
@@ -91,6 +102,9 @@ class SimOptions:
     zero3_overlap_reduce: bool = True
     efficiency: Efficiency | None = None
     fp32_main_grads: bool = False
+    moe_imbalance: float = 1.0
+    moe_dispatcher: str = "alltoall"
+    moe_a2a_overlap: bool = False
 
 
 DEFAULT_OPTIONS = SimOptions()

@@ -21,9 +21,11 @@ Defaults (never tuned per row):
   reduction bytes and bucket, P2P behaviour, ZeRO-3 prefetch and reduce-scatter overlap) and
   the recipes of sources that launched differently. Every row is flagged with its family and
   with each default taken. The bullets below describe what those files hold.
-* published_benchmarks.csv: a mixture-of-experts row (``num_experts`` / ``EP=`` in notes) and
-  an FP8 / MXFP8 / NVFP4 row (``precision=`` or torchtitan's float8 settings in notes) is
-  listed under ``skipped`` with the reason (`unsupported_reason`), as is a GB200 NVL72 row.
+* published_benchmarks.csv: an FP8 / MXFP8 / NVFP4 row is simulated in its precision
+  (`simulator.validation.precision.row_dtype`); a GB200 row on ``gb200-nvl72-seg16`` (NVL72
+  racks scheduled in 64-GPU segments, one NVLink domain each). A mixture-of-experts row is
+  read with the experts, MLA, EP degree, token dispatcher and all-to-all overlap its notes
+  name (`simulator.validation.moe_rows`).
 * torchtitan (FSDP2): bf16 parameters with fp32 gradient reduction, SDPA flash attention,
   FULL_SHARD over every data-parallel rank with the next block's gather prefetched,
   reduce-scatters overlapped, selective recomputation unless stated, async TP (TP
@@ -72,13 +74,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from planner.spec import ModelSpec, Plan, PlanError
+from planner.spec import ModelSpec, Plan, PlanError, check_experts
 from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
 from simulator.step.compute import load_framework
 from simulator.step.simulate import estimate, simulate
 from simulator.step.stagecosts import SimOptions
 from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
+from simulator.validation.memory_default import recompute_that_fits
+from simulator.validation.moe_rows import moe_fields, moe_options, row_ep
+from simulator.validation.precision import row_dtype, row_precision  # noqa: F401 (re-export)
 from simulator.validation.report import error_summary, rel_error
 
 CLUSTER_DIR = PRESET_DIR / "validation_clusters"
@@ -142,6 +147,16 @@ def validation_cluster(name: str, nodes: int) -> Cluster:
     (``vtrain-a100``, ``jean-zay-a100`` in ``presets/validation_clusters``) with ``nodes``."""
     path = CLUSTER_DIR / f"{name}.yaml"
     return load_cluster(str(path) if path.is_file() else name, nodes=nodes)
+
+
+def gpu_nodes(cluster: str, num_gpus: int) -> int:
+    """Nodes of validation cluster ``cluster`` that hold ``num_gpus`` GPUs (8 per DGX node,
+    72 per NVL72 rack).
+
+    >>> gpu_nodes("dgx-h100", 1024), gpu_nodes("gb200-nvl72-seg16", 256)
+    (128, 4)
+    """
+    return math.ceil(num_gpus / validation_cluster(cluster, 1).devices_per_node)
 
 
 def balanced_split(layers: int, stages: int) -> tuple[int, ...] | None:
@@ -216,60 +231,21 @@ def _num(value: str) -> float | None:
         return None
 
 
-#: A mixture-of-experts row of published_benchmarks.csv names its experts or its expert
-#: parallelism in ``notes`` (the table's README); the dense reader does not model experts.
-_MOE = re.compile(r"num_experts|(?<![a-z_])ep\s*=")
-#: Low-precision GEMM recipes (FP8 per-tensor / delayed / current scaling, MXFP8, NVFP4,
-#: torchao float8 linears); the dense reader models bf16 / fp16 GEMMs only.
-_LOW_PRECISION = re.compile(r"fp8|float8|mxfp8|nvfp4|fp4")
-#: The ``notes`` keys that name a row's GEMM precision: ``precision=`` (the table's own
-#: convention), torchtitan's ``quantization=`` / ``optimizations=`` / ``techniques=`` cells.
-_PRECISION_KEYS = ("precision", "quantization", "optimizations", "techniques")
-
-
-def row_precision(row: dict) -> str | None:
-    """The GEMM precision a row's ``notes`` name (the first of `_PRECISION_KEYS` given), or
-    None when they name none.
-
-    >>> row_precision({"notes": "x=1; precision=bf16+float8 linears (torchao); y"})
-    'bf16+float8 linears (torchao)'
-    >>> row_precision({"notes": "quantization=None (bfloat16); GBS = 12 x 8"})
-    'None (bfloat16)'
-    """
-    notes = row.get("notes") or ""
-    for key in _PRECISION_KEYS:
-        m = re.search(rf"(?<![a-z_]){key}\s*=\s*([^;]*)", notes, flags=re.IGNORECASE)
-        if m:
-            return m.group(1).strip()
-    return None
-
-
 def unsupported_reason(row: dict) -> str | None:
-    """Why a published row is not simulated by the dense reader, or None when it is.
+    """Why a published row is not simulated, or None when it is: every dense and
+    mixture-of-experts row in bf16, FP8, MXFP8 or NVFP4 is simulated; a row whose notes name
+    another GEMM precision (INT8, FP6) is listed under ``skipped`` with this reason.
 
-    A mixture-of-experts row (``num_experts`` or ``EP=`` in ``notes``) and a row trained
-    with FP8 / MXFP8 / NVFP4 GEMMs (``precision=`` or torchtitan's float8 settings in
-    ``notes``) are listed under ``skipped`` with this reason, never simulated as a dense
-    bf16 run (published_benchmarks.csv README).
-
-    >>> unsupported_reason({"notes": "precision=mxfp8; GBS=256"})
-    'precision=mxfp8: FP8 / MXFP8 / NVFP4 training is not modelled (dense bf16/fp16 only)'
-    >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"})[:9]
-    'MoE model'
-    >>> unsupported_reason({"notes": "precision=bf16; step_time=GBS*seq/(TPS*num_gpus)"})
+    >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"}) is None
+    True
+    >>> unsupported_reason({"notes": "precision=mxfp8; step_time=GBS*seq/(TPS*num_gpus)"})
+    >>> unsupported_reason({"notes": "precision=int8 (SmoothQuant)"})[:14]
+    'precision=int8'
     """
-    notes = row.get("notes") or ""
-    low = notes.lower()
-    if _MOE.search(low):
-        return ("MoE model (num_experts / EP in notes): mixture-of-experts layers are not "
-                "modelled by the dense reader")
-    precision = row_precision(row)
-    if precision is not None and _LOW_PRECISION.search(precision.lower()):
-        return (f"precision={precision}: FP8 / MXFP8 / NVFP4 training is not modelled "
-                f"(dense bf16/fp16 only)")
-    if "float8 linear" in low:
-        return ("precision=float8 linears (notes): FP8 / MXFP8 / NVFP4 training is not "
-                "modelled (dense bf16/fp16 only)")
+    precision = row_precision(row) or ""
+    if re.search(r"int8|int4|fp6", precision.lower()):
+        return (f"precision={precision}: only bf16 / fp16 / fp8 / mxfp8 / nvfp4 GEMMs are "
+                f"modelled")
     return None
 
 
@@ -284,7 +260,7 @@ def _a100_40gb(row: dict) -> bool:
 
 #: Cluster presets a published row's ``gpu`` cell can name (see `gpu_cluster`).
 GPU_CLUSTERS = ("dgx-a100", "dgx-a100-40gb", "pcie-a100", "jean-zay-a100", "dgx-h100",
-                "dgx-h200", "dgx-b200")
+                "dgx-h200", "dgx-b200", "gb200-nvl72-seg16")
 
 
 def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
@@ -294,8 +270,8 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     factor is not stated), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
     ``dgx-a100-40gb`` (40 GB named, or a 2020 DGX A100 naming no size), ``pcie-a100`` (PCIe
     named) or ``jean-zay-a100`` (Jean Zay, or an A100 row naming no DGX whose framework
-    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). A GB200 row is refused: an NVL72
-    rack is not a DGX B200 node.
+    recipe's ``cluster`` is ``jean-zay-a100``: ``site``). GB200 -> ``gb200-nvl72-seg16`` (a
+    node is one NVL72 rack scheduled as a 64-GPU segment, one NVLink domain).
 
     >>> gpu_cluster({"gpu": "H100 80GB SXM", "source": "x"})
     ('dgx-h100', [])
@@ -314,8 +290,8 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
             flags.append("gpu=H100 SXM (form factor not stated)")
         return "dgx-h100", flags
     if "gb200" in gpu:
-        raise PlanError(f"gpu={row['gpu']!r}: no GB200 NVL72 profile (72 GPUs in one NVLink "
-                        f"domain); the validation clusters cover {', '.join(GPU_CLUSTERS)}")
+        # NVIDIA's DGX-GB200 system is the NVL72 rack: 72 GPUs in one NVLink domain.
+        return "gb200-nvl72-seg16", flags + ["gpu=GB200 NVL72, 64 GPUs per rack (Slurm --segment=16)"]
     if "h200" in gpu:
         if "gh200" in gpu:
             flags.append("gpu=H200 SXM node for GH200 (same GPU die and HBM3e)")
@@ -336,7 +312,7 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
             return "dgx-a100-40gb", flags
         return "dgx-a100", flags
     raise PlanError(f"gpu={row['gpu']!r} has no device profile; the validation clusters cover "
-                    f"A100, H100, H200 and B200 ({', '.join(GPU_CLUSTERS)})")
+                    f"A100, H100, H200, B200 and GB200 ({', '.join(GPU_CLUSTERS)})")
 
 
 #: Model names of families with a SwiGLU MLP and RMSNorm (Touvron et al. 2023 §2.2).
@@ -351,17 +327,20 @@ def _is_swiglu(row: dict) -> bool:
         row.get("notes", "").lower()
 
 
-def _zero_stage(cell: str) -> int:
-    """The ZeRO stage a ``zero_stage`` cell names.
+def _zero_stage(cell: str) -> int | None:
+    """The ZeRO stage a ``zero_stage`` cell names; None for DDP that does not say whether
+    the optimizer is sharded (the framework family's default applies).
 
     >>> [_zero_stage(c) for c in ("0", "1.0", "ZeRO-2", "FSDP FULL_SHARD", "HSDP",
     ...                           "distributed optimizer", "SHARD_GRAD_OP")]
     [0, 1, 2, 3, 3, 1, 2]
+    >>> _zero_stage("DDP (table FSDP=0; optimizer sharding not read)") is None
+    True
 
     Raises:
         PlanError: the cell names no stage.
     """
-    low = cell.lower()
+    low = re.sub(r"fsdp\s*=\s*0", "", cell.lower())   # "DDP (table FSDP=0 ...)" is not FSDP
     if "grad_op" in low:
         return 2                    # FSDP SHARD_GRAD_OP: gradients and optimizer states
     if "fsdp" in low or "full_shard" in low or "hsdp" in low:
@@ -371,6 +350,8 @@ def _zero_stage(cell: str) -> int:
     digits = re.findall(r"\d+", low)
     if digits and int(digits[0]) in (0, 1, 2, 3):
         return int(digits[0])
+    if low.startswith("ddp"):
+        return None                 # DDP, optimizer sharding not stated: the family default
     raise PlanError(f"zero_stage={cell!r} names no ZeRO stage; use 0-3, 'ZeRO-N' or 'FSDP ...'")
 
 
@@ -457,9 +438,8 @@ def _published_case(row: dict) -> RunCase:
         if tp > 1:
             flags.append(f"sequence_parallel={sp} (default)")
     z_cell = (row["zero_stage"] or "").strip()
-    if z_cell:
-        zero = _zero_stage(z_cell)
-    else:
+    zero = _zero_stage(z_cell) if z_cell else None
+    if zero is None:
         zero = int(d["zero_stage"])
         if zero and dp > 1:
             flags.append(f"zero_stage={zero} (default)")
@@ -470,11 +450,13 @@ def _published_case(row: dict) -> RunCase:
         flags.append(f"virtual_stages={v} (examples/sc21/run_table_1.sh)")
     elif vpp is None and pp > 1 and d["interleave_flag"]:
         flags.append("no interleaving (default)")
+    experts, moe_flags = moe_fields(row)
+    flags += moe_flags
     model = ModelSpec(name=row["model"], num_layers=layers, hidden=h, num_heads=a,
                       num_kv_heads=int(kv) if kv else a,
                       ffn_hidden=int(ffn) if ffn else 4 * h, vocab_size=int(vocab),
                       seq_len=int(row["seq_len"]), activation="swiglu" if swiglu else "gelu",
-                      norm="rmsnorm" if swiglu else "layernorm")
+                      norm="rmsnorm" if swiglu else "layernorm", **experts)
     if d["stage_split"] == "deepspeed" and pp > 1:
         split = deepspeed_split(layers, pp)
         flags.append(f"stage_layers={list(split)} (DeepSpeed partition, embedding = 1 layer)")
@@ -486,16 +468,24 @@ def _published_case(row: dict) -> RunCase:
     if sc21:
         flags.append(f"gradient all-reduce {'overlapped' if overlap else 'after backward'}"
                      " (examples/sc21/run_table_1.sh)")
-    dtype = d["dtype"]
+    dtype, dtype_flags = row_dtype(row, d["dtype"])
+    flags += dtype_flags
     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
                 recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
-                stage_layers=split)
-    options = framework_options(fw, d, overlap_dp=overlap)
+                stage_layers=split, ep=row_ep(row))
+    check_experts(model, plan)
+    options, moe_flags = moe_options(row, framework_options(fw, d, overlap_dp=overlap))
+    flags += moe_flags
     cluster, gpu_flags = gpu_cluster(row, d.get("cluster"))
     flags += gpu_flags
+    nodes = gpu_nodes(cluster, int(row["num_gpus"]))
+    if not rec:
+        memory = validation_cluster(cluster, nodes).device.memory_bytes
+        plan, fit_flag = recompute_that_fits(model, plan, options, memory)
+        flags += [fit_flag] if fit_flag else []
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
-                   nodes=math.ceil(int(row["num_gpus"]) / 8), options=options,
+                   nodes=nodes, options=options,
                    overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
                    flags=tuple(flags), source=source_key(row["source"]))
 
@@ -640,7 +630,7 @@ def validate_runs(path: str | Path) -> dict:
 #: Fields `error_by` can group rows by: plan fields, model fields, and the GPU count.
 GROUP_FIELDS = ("tp", "cp", "pp", "dp", "micro_batch", "virtual_stages", "recompute",
                 "zero_stage", "hidden", "num_layers", "num_heads", "seq_len", "num_gpus",
-                "cluster")
+                "cluster", "precision", "gpu")
 
 
 def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = None):
@@ -665,7 +655,9 @@ def error_by(path: str | Path, fields: tuple[str, ...], result: dict | None = No
     records = []
     for row in result["rows"]:
         c = cases[row["id"]]
-        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name}
+        values = {"num_gpus": row["num_gpus"], "cluster": c.cluster_name,
+                  "precision": c.plan.dtype,
+                  "gpu": validation_cluster(c.cluster_name, c.nodes).device.name}
         for f in fields:
             if f not in values:
                 values[f] = getattr(c.plan, f) if hasattr(c.plan, f) else getattr(c.model, f)

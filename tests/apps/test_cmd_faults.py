@@ -89,19 +89,22 @@ def test_plan_goodput_json_and_csv_carry_the_goodput_columns(tmp_path, capsys):
     from planner.presets import load_model
     assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
                  "--global-batch", "64", "--top-k", "3", "--objective", "goodput",
-                 "--mtbf-hours", "1000", "--restart-s", "600", "--json",
+                 "--mtbf-hours", "1000", "--restart-s", "600", "--json", "--fix", "pp=1",
                  "--csv", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["goodput_assumptions"]["restart_s"] == 600.0
     row = data["plans"][0]
-    # by hand: 16 devices of 1000 h MTBF fail every 1000/16 h; the checkpoint writes 12 bytes
-    # per parameter over min(50 GB/s, writers x 2 GB/s); Daly (2006, eq. 37) interval;
+    # by hand: 16 devices of 1000 h MTBF fail every 1000/16 h; the checkpoint writes 14 bytes
+    # per parameter (bf16 weights + Adam's 12, ZeRO §3.1; pp=1, untied) and takes the longer
+    # of all of it over 2 TB/s and one writer's 1/writers share over 2 GB/s; Daly (2006,
+    # eq. 37) interval;
     # first-order goodput tau/(tau+C)·(1 − (R + (tau+C)/2)/M) (Young 1974)
     m = 1000 * 3600 / 16
     assert row["job_mtbf_s"] == pytest.approx(m)
     writers = row["tp"] * row["pp"] * row["dp"] if "zero" in row["id"] else \
         row["tp"] * row["pp"]
-    c = 12 * load_model("llama3-8b").num_params() / min(50e9, writers * 2e9)
+    state = 14 * load_model("llama3-8b").num_params()
+    c = max(state / 2e12, state / writers / 2e9)
     assert row["checkpoint_s"] == pytest.approx(c)
     x = c / (2 * m)
     tau = math.sqrt(2 * c * m) * (1 + math.sqrt(x) / 3 + x / 9) - c

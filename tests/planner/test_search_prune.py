@@ -71,7 +71,7 @@ def test_cli_prune_keeps_the_top_plans():
     def plans(*extra):
         proc = subprocess.run(
             [sys.executable, "-m", "apps.cli", "plan", "--model", "llama3-8b", "--cluster",
-             "dgx-a100", "--nodes", "2", "--global-batch", "32", "--top-k", "0", "--json",
+             "dgx-a100", "--nodes", "2", "--global-batch", "32", "--top-k", "1", "--json",
              *extra], capture_output=True, text=True, timeout=300,
             cwd=Path(__file__).resolve().parents[2])
         return proc.returncode, proc.stdout, proc.stderr

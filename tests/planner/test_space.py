@@ -27,14 +27,27 @@ def test_tp16_does_not_divide_llama2_70b_kv_heads():
         "tp=16 does not divide num_kv_heads=8; use tp in [1, 2, 4, 8]")
 
 
-def test_30_layers_do_not_split_over_pp4():
-    # 30 / 4 = 7.5 layers per stage; 30 / 5 = 6 is fine.
-    model = load_model("tiny-gpt").replace(num_layers=30)
-    plans, rejected = _walk(model, SearchSpace(pp=(4, 5), tp=(1,)), devices=20,
+def test_29_layers_do_not_split_over_pp4():
+    # 29 / 4 = 7.25 layers per stage, and (29 + 2) / 4 = 7.75 gives no edge split either.
+    model = load_model("tiny-gpt").replace(num_layers=29)
+    plans, rejected = _walk(model, SearchSpace(pp=(4,), tp=(1,)), devices=20,
                             global_batch=20)
     assert rejected["tp1-pp4-dp5"].reason.startswith(
-        "num_layers=30 does not split over pp*virtual_stages = 4*1 = 4")
-    assert {p.pp for p in plans} == {5}
+        "num_layers=29 does not split over pp*virtual_stages = 4*1 = 4")
+    assert plans == []
+
+
+def test_30_layers_on_pp4_take_one_fewer_on_the_edge_stages():
+    # 30 / 4 = 7.5, but 30 + 2 = 32 = 4 x 8: the first and last stages hold 7 (Llama 3
+    # §3.3.2: 126 layers on 16 stages); 30 / 5 = 6 splits evenly.
+    model = load_model("tiny-gpt").replace(num_layers=30)
+    plans, _ = _walk(model, SearchSpace(pp=(4, 5), tp=(1,)), devices=20, global_batch=20)
+    assert {p.stage_layers for p in plans if p.pp == 4 and p.virtual_stages == 1} == \
+        {(7, 8, 8, 7)}
+    # interleaved, v=4: 16 chunks of (30 + 2) / 16 = 2, the first and last of 1
+    assert {p.stage_layers for p in plans if p.pp == 4 and p.virtual_stages == 4} == \
+        {(1,) + (2,) * 14 + (1,)}
+    assert {p.stage_layers for p in plans if p.pp == 5} == {None}
 
 
 def test_layers_do_not_split_over_pp_times_v():

@@ -63,7 +63,8 @@ def test_global_batch_divisible_by_dp_times_micro_batch():
 
 
 def test_bad_enum_names_the_choices():
-    with pytest.raises(PlanError, match=r"schedule='zigzag' is not one of \['gpipe', '1f1b', 'interleaved-1f1b'\]"):
+    with pytest.raises(PlanError, match=r"schedule='zigzag' is not one of \['gpipe', '1f1b', 'interleaved-1f1b', "
+                                    r"'zb-h1', 'interleaved-zb', 'zb-v', 'dualpipe-v'\]"):
         Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, schedule="zigzag")
     with pytest.raises(PlanError, match="activation='relu'"):
         load_model("tiny-gpt").replace(activation="relu")

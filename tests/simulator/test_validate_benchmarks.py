@@ -1,7 +1,7 @@
 """The reader on published_benchmarks.csv rows (framework teams' release benchmarks): the
-torchtitan Llama 3 8B rows are read as torchtitan FSDP2 runs, and MoE, FP8 / MXFP8 / NVFP4 and
-GB200 rows are listed under ``skipped`` with their reason instead of being simulated as
-something else. Rows below are copied cell by cell from ../shared/data/published_benchmarks.csv
+torchtitan Llama 3 8B rows are read as torchtitan FSDP2 runs, FP8 / MXFP8 / NVFP4 rows in their
+precision, GB200 rows on NVL72 racks, and MoE rows are listed under ``skipped`` with their
+reason instead of being simulated as something else. Rows below are copied cell by cell from ../shared/data/published_benchmarks.csv
 (ids kept) and checked by hand against the table's README."""
 
 import csv
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from planner.spec import PlanError
 from simulator.validation.validate import (
     predict,
     read_runs,
@@ -111,22 +110,40 @@ def test_precision_is_read_from_the_notes():
     assert row_precision({"notes": "tokens/s=1"}) is None
 
 
-@pytest.mark.parametrize("notes, start", [
-    ("precision=fp8 (table: FP8, delayed scaling); GBS", "precision=fp8"),
-    ("precision=mxfp8; recipe", "precision=mxfp8"),
-    ("precision=nvfp4", "precision=nvfp4"),
-    ("tokens/s=942.4; TP mode=async TP; quantization=float8 tensorwise", "precision=float8"),
+@pytest.mark.parametrize("notes, dtype", [
+    # published_benchmarks.csv README: notes name the precision and the scaling recipe.
+    ("precision=fp8 (table: FP8, delayed scaling); GBS", "fp8"),
+    ("precision=fp8;fp8_recipe=current-scaling (per-tensor); GBS", "fp8-current"),
+    ("precision=mxfp8;fp8_recipe=MX block scaling (32-element blocks)", "mxfp8"),
+    ("precision=nvfp4", "nvfp4"),
+    # torchao float8 training: dynamic per-tensor ("tensorwise") scaling.
+    ("tokens/s=942.4; TP mode=async TP; quantization=float8 tensorwise", "fp8-current"),
     ("TPS/GPU=10938; command: llama3_8b.toml + compile, float8 linear converter with fsdp "
-     "float8 all-gather", "precision=float8 linears"),
-    ("precision=bf16; EP=8; num_experts=64;top_k=6", "MoE model"),
-    ("precision=fp8; EP=64", "MoE model"),
+     "float8 all-gather", "fp8-current"),
 ])
-def test_moe_and_low_precision_rows_are_skipped_with_reason(tmp_path, notes, start):
-    assert unsupported_reason({"notes": notes}).startswith(start)
+def test_low_precision_rows_are_read_in_their_precision(tmp_path, notes, dtype):
+    assert unsupported_reason({"notes": notes}) is None
+    case = read_runs(_write(tmp_path, [_row(id="x", notes=notes)]))[0]
+    assert case.plan.dtype == dtype
+
+
+def test_int8_row_is_skipped_with_reason(tmp_path):
+    notes = "precision=int8 (SmoothQuant); GBS=256"
+    assert unsupported_reason({"notes": notes}).startswith("precision=int8")
     result = validate_runs(_write(tmp_path, [_row(id="x", notes=notes), _row(id="ok")]))
     assert [r["id"] for r in result["rows"]] == ["ok"]
     (skip,) = result["skipped"]
-    assert skip["id"] == "x" and skip["reason"].startswith(start)
+    assert skip["id"] == "x" and skip["reason"].startswith("precision=int8")
+
+
+def test_ddp_cell_with_fsdp_0_is_not_zero3(tmp_path):
+    # "DDP (table FSDP=0; ...)": FSDP off. It read as ZeRO-3 ("fsdp" in the cell); the
+    # Megatron-Core default (distributed optimizer, ZeRO-1) holds instead.
+    row = _row(source="NVIDIA/NeMo docs/source/performance/performance_summary.md",
+               zero_stage="DDP (table FSDP=0; optimizer sharding not read)",
+               notes="precision=fp8 (table: FP8; scaling recipe not printed)")
+    case = read_runs(_write(tmp_path, [row]))[0]
+    assert case.plan.zero_stage == 1 and "zero_stage=1 (default)" in case.flags
 
 
 def test_bf16_rows_are_not_skipped():
@@ -135,12 +152,21 @@ def test_bf16_rows_are_not_skipped():
         assert unsupported_reason({"notes": notes}) is None
 
 
-def test_gb200_row_is_skipped_not_run_as_b200(tmp_path):
-    path = _write(tmp_path, [_row(id="g", gpu="GB200 (DGX-GB200 NVL72)")])
-    result = validate_runs(path)
-    assert result["rows"] == [] and "GB200" in result["skipped"][0]["reason"]
-    with pytest.raises(PlanError, match="GB200"):
-        read_runs(path)
+def test_gb200_row_runs_on_nvl72_racks_not_b200_nodes(tmp_path):
+    # A DGX-GB200 row runs on NVL72 racks scheduled in 64-GPU segments (16 of 18 trays).
+    (case,) = read_runs(_write(tmp_path, [_row(id="g", gpu="GB200 (DGX-GB200 NVL72)")]))
+    assert case.cluster_name == "gb200-nvl72-seg16"
+    assert case.nodes == 1 and any("--segment=16" in f for f in case.flags)
+
+
+def test_bf16_moe_row_is_read_with_its_experts(tmp_path):
+    # The table README's MoE notes: experts, top-k, expert width, EP degree, dispatcher.
+    notes = ("precision=bf16; EP=8; num_experts=8;top_k=2;moe_ffn_hidden=14336;"
+             "shared_experts=0; kernels=TE + DeepEP")
+    (case,) = read_runs(_write(tmp_path, [_row(id="m", notes=notes)]))
+    assert (case.model.num_experts, case.model.experts_per_token,
+            case.model.moe_ffn_hidden) == (8, 2, 14336)
+    assert case.plan.ep == 8 and case.options.moe_dispatcher == "deepep"
 
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -156,10 +182,11 @@ def test_shipped_table_every_row_is_simulated_or_skipped_with_reason():
     cases = read_runs(path, skipped)
     assert len(cases) + len(skipped) == len(rows)
     by_id = {r["id"]: r for r in rows}
-    for s in skipped:                       # every skip says why; MoE / low precision
+    for s in skipped:                       # every skip says why
         assert s["reason"]
-    for c in cases:                         # every simulated row is dense bf16
-        assert unsupported_reason(by_id[c.id]) is None and c.plan.dtype == "bf16"
+    for c in cases:                         # every simulated row is in its precision
+        assert unsupported_reason(by_id[c.id]) is None
+    assert {c.plan.dtype for c in cases} == {"bf16", "fp8", "fp8-current", "mxfp8", "nvfp4"}
 
 
 def test_sequence_parallel_cell_with_a_remark_is_read(tmp_path):
@@ -169,3 +196,16 @@ def test_sequence_parallel_cell_with_a_remark_is_read(tmp_path):
     case = read_runs(_write(tmp_path, [row]))[0]
     assert case.plan.sequence_parallel and not any("sequence_parallel" in f
                                                    for f in case.flags)
+
+
+@pytest.mark.skipif(not (DATA / "published_benchmarks.csv").is_file(),
+                    reason="../shared/data/published_benchmarks.csv not found")
+def test_shipped_deepseek_v3_row_reads_as_the_published_model():
+    # n371's notes give DeepSeek-V3's shape; the parameter counts of the report (§4.2):
+    # 671B total, 37B active; EP=64 over dp=256 gives edp = 256 / 64 = 4.
+    cases = {c.id: c for c in read_runs(DATA / "published_benchmarks.csv", [])}
+    m, p = cases["n371"].model, cases["n371"].plan
+    assert m.is_mla and m.num_moe_layers == 58
+    assert m.num_params() / 1e9 == pytest.approx(671, abs=1)
+    assert m.active_params() / 1e9 == pytest.approx(37, abs=1)
+    assert (p.ep, p.edp) == (64, 4)

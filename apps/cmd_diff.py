@@ -1,0 +1,78 @@
+"""`meshplan diff PLAN_A.yaml PLAN_B.yaml`: two plans side by side, and what makes the
+difference.
+
+    meshplan diff a.yaml b.yaml            # table: step time by part, memory by term, groups
+    meshplan diff a.yaml b.yaml --json     # the same figures, SI units
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from apps.format import command_console, fmt_gib, fmt_time_s
+
+
+def _rows(a, b) -> list[tuple[str, str, float, float]]:
+    # (section, name, A, B) of every figure either plan has
+    rows = [("step", "step time", a.prediction.step_time_s, b.prediction.step_time_s)]
+    for section, attr in (("compute", "compute_by_class_s"), ("exposed comm", "comm_by_kind_s")):
+        da, db = getattr(a, attr), getattr(b, attr)
+        rows += [(section, k, da.get(k, 0.0), db.get(k, 0.0)) for k in dict.fromkeys([*da, *db])]
+    rows.append(("bubble", "bubble", a.prediction.bubble_s, b.prediction.bubble_s))
+    rows += [("memory GiB", k, a.memory_bytes[k], b.memory_bytes[k]) for k in a.memory_bytes]
+    return rows
+
+
+def difference_sentence(a, b, rows) -> str:
+    """One sentence: which plan is faster, by how much, and the part that moved the most."""
+    parts = [r for r in rows if r[0] in ("compute", "exposed comm", "bubble")]
+    section, name, va, vb = max(parts, key=lambda r: abs(r[3] - r[2]))
+    ta, tb = a.prediction.step_time_s, b.prediction.step_time_s
+    faster = "B" if tb < ta else "A"
+    gap, slow = abs(ta - tb), max(ta, tb)
+    what = name if section in ("bubble", name) else f"{section} {name}"
+    return (f"{faster} is {fmt_time_s(gap)} per step faster ({gap / slow:.0%}); the largest "
+            f"change is {what}: {fmt_time_s(va)} in A, {fmt_time_s(vb)} in B.")
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from apps.clusters import cluster_of_plan_file
+    from planner.planfile import read_plan_file
+    from simulator.step.breakdown import step_breakdown
+    console = command_console(args)
+    files = [read_plan_file(path) for path in (args.plan_a, args.plan_b)]
+    views = [step_breakdown(pf.model, pf.plan, cluster_of_plan_file(pf)) for pf in files]
+    a, b = views
+    rows = _rows(a, b)
+    sentence = difference_sentence(a, b, rows)
+    if args.json:
+        print(json.dumps({"a": {"id": files[0].plan.id, **a.to_dict()},
+                          "b": {"id": files[1].plan.id, **b.to_dict()}, "summary": sentence}))
+        return 0
+    from rich.table import Table
+    table = Table(title=f"A = {files[0].plan.id}\nB = {files[1].plan.id}")
+    for header in ("part", "", "A", "B", "B - A"):
+        table.add_column(header, justify="left" if header in ("part", "") else "right")
+    for section, name, va, vb in rows:
+        fmt = fmt_gib if section == "memory GiB" else fmt_time_s
+        delta = fmt(abs(vb - va))
+        table.add_row(section, name if name != section else "", fmt(va), fmt(vb),
+                      ("-" if vb < va else "+") + delta if vb != va else "")
+    for label, v in (("MFU", lambda x: f"{x.prediction.mfu:.1%}"),
+                     ("groups across nodes", lambda x: ", ".join(
+                         f"{k} ({n} nodes)" for k, n in x.crossing.items()) or "none")):
+        table.add_row(label, "", v(a), v(b), "")
+    console.print(table)
+    console.print(sentence, highlight=False)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``diff`` on the subcommand parser ``sub``."""
+    sp = sub.add_parser("diff", help="put two plan files side by side: step time by part, "
+                        "memory by term, groups across nodes")
+    sp.add_argument("plan_a", metavar="PLAN_A", help="plan file (YAML)")
+    sp.add_argument("plan_b", metavar="PLAN_B", help="plan file (YAML)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sp.set_defaults(func=cmd_diff)

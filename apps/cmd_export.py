@@ -1,0 +1,47 @@
+"""`meshplan export PLAN.yaml --to megatron|torchtitan|deepspeed`: the plan in the words of
+that framework, on stdout; what the framework cannot express, one line each, on stderr.
+
+    meshplan export plan.yaml --to megatron > args.txt      # pretrain_gpt.py arguments
+    meshplan export plan.yaml --to torchtitan > job.toml    # a torchtitan job TOML
+    meshplan export plan.yaml --to deepspeed > ds.json      # a DeepSpeed config
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from planner.export import FRAMEWORKS
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from planner.export import export_plan
+    from planner.planfile import read_plan_file
+    from planner.spec import PlanError
+    if args.steps is not None and args.steps < 1:
+        raise PlanError(f"--steps={args.steps} must be >= 1")
+    from rich.console import Console
+    console = Console(stderr=True)  # stdout holds only what to paste
+    pf = read_plan_file(args.plan)
+    out = export_plan(pf.model, pf.plan, args.to, steps=args.steps)
+    if args.json:
+        print(json.dumps({"id": pf.plan.id, **dataclasses.asdict(out)}))
+        return 0
+    print(out.text, end="" if out.text.endswith("\n") else "\n")
+    for reason in out.unsupported:
+        console.print(f"not expressed in {args.to}: {reason}", highlight=False)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``export`` on the subcommand parser ``sub``."""
+    sp = sub.add_parser("export", help="print a plan file as Megatron-LM arguments, a "
+                        "torchtitan TOML or a DeepSpeed JSON")
+    sp.add_argument("plan", help="plan file (YAML)")
+    sp.add_argument("--to", required=True, choices=FRAMEWORKS, help="target framework")
+    sp.add_argument("--steps", type=int, help="training steps to write where the framework "
+                    "takes them (Megatron --train-iters, torchtitan training.steps)")
+    sp.add_argument("--json", action="store_true", help="one JSON object: names, text, "
+                    "unsupported")
+    sp.set_defaults(func=cmd_export)

@@ -1,0 +1,315 @@
+"""Mixture-of-experts costs of one training step: expert compute, token dispatch, memory.
+
+An MoE block (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; DeepSeekMoE, Dai et al.
+2024) replaces the dense MLP with a router and E experts of width f_e, each token visiting k
+of them, plus shared experts every token visits. Under Megatron-Core's MoE parallel folding
+(`planner.spec.Plan`: attention on tp·cp·dp ranks, experts on etp·ep·edp of the same ranks)
+one rank of a micro-batch of T = b·s/cp tokens does, per MoE block (forward):
+
+=====================  =================================================================
+op                     what it costs on one rank (t = T/tp tokens enter, sequence parallel)
+=====================  =================================================================
+router                 GEMM (t, E, h), then score + top-k over t·E fp32 (memory-bound)
+permute                gather t·k token copies by expert: read t·h, write t·k·h; local sort
+                       of the received copies: read + write them (memory-bound)
+dispatch all-to-all    t·k·h elements per rank over the ep group; (ep − 1)/ep of them leave
+                       the rank (Megatron-Core ``MoEAlltoAllTokenDispatcher``); etp > 1 adds
+                       an all-gather of them over the etp group
+grouped GEMMs          E/ep local experts, m = etp·t·k·ρ/(E/ep) tokens each: up (m, 2f_e/etp,
+                       h) for SwiGLU, down (m, h, f_e/etp), one batched kernel each (the
+                       grouped GEMM of Megatron-Core ``TEGroupedMLP``), costed by the same
+                       shape-dependent GEMM efficiency as dense GEMMs (`gemm_time_s`):
+                       small m pays for wave and tile quantisation and saturation
+shared experts         a dense tp-split MLP of width n_s·f_e on the T tokens
+combine all-to-all     the reverse of dispatch (same bytes), then unpermute (memory-bound)
+=====================  =================================================================
+
+ρ is the routing imbalance: the busiest EP rank's tokens over the mean (`SimOptions`
+``moe_imbalance``; 1.0 is the balanced load the published benchmarks force, Megatron-Core
+``--moe-router-force-load-balancing`` and NeMo Automodel's fake balanced gate; a real router
+shows its measured max/mean, e.g. 1 + MaxVio of Wang et al. 2024, "Auxiliary-Loss-Free Load
+Balancing Strategy for Mixture-of-Experts", arXiv:2408.15664, §4). The slowest rank sets the
+pace of the all-to-all and of the expert GEMMs, so both scale by ρ.
+
+Backward repeats both all-to-alls (gradients of the combine, then of the dispatch) and runs
+the GEMMs twice (dgrad, wgrad). With DeepEP (``moe_dispatcher='deepep'``; DeepSeek-AI 2025,
+github.com/deepseek-ai/DeepEP, "normal kernels"): a token crosses to each remote node once,
+by RDMA to the GPU of the same local index, then fans out over NVLink, so inter-node bytes
+shrink from k copies to the nodes the token touches (at most ``router_group_topk`` when
+routing is node-limited, DeepSeek-V3 report §2.1.2); the NICs remain the bottleneck
+(`dispatch_time_s`). Multi-head latent attention (DeepSeek-V2 §2.1) replaces the QKV and
+output projections with its low-rank GEMMs (`mla_ops`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from planner.mesh import expert_group_ranks
+from planner.spec import DTYPE_BYTES, ModelSpec, Plan
+from simulator.network.cluster import Cluster
+from simulator.network.collectives import collective_time_s
+from simulator.network.hardware import DeviceProfile
+from simulator.step.compute import (
+    Attention,
+    Efficiency,
+    LayerCompute,
+    Op,
+    layer_forward_ops,
+    ops_compute,
+)
+
+_DENSE_MLP = ("mlp-up", "swiglu", "gelu", "mlp-down")
+_STANDARD_ATTENTION = ("qkv", "out-proj", "attn-core", "attn-qk", "attn-softmax",
+                       "attn-softmax-cast", "attn-softmax-scale", "attn-softmax-mask",
+                       "attn-softmax-uncast", "attn-dropout", "attn-av")
+
+
+def tokens_per_rank(model: ModelSpec, plan: Plan) -> float:
+    """Tokens of one micro-batch that enter an MoE block on one rank: b·s/(cp·tp) (the
+    sequence-parallel shard; Megatron-Core requires sequence parallelism with tp > 1 and MoE).
+
+    >>> from planner.presets import load_model
+    >>> tokens_per_rank(load_model("deepseek-v3"), Plan(tp=2, pp=1, dp=4, ep=8,
+    ...     micro_batch=1, global_batch=4))
+    2048.0
+    """
+    return plan.micro_batch * model.seq_len / (plan.cp * plan.tp)
+
+
+def dispatch_bytes_per_rank(model: ModelSpec, plan: Plan) -> float:
+    """Bytes one rank sends to other EP ranks in one dispatch (or combine) all-to-all, balanced
+    routing: ``t·k·h·bytes·(ep − 1)/ep`` (t = `tokens_per_rank`; each of the t·k token copies
+    goes to one of ep ranks, 1/ep of them to itself).
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("mixtral-8x7b")   # k = 2, h = 4096, s = 4096
+    >>> dispatch_bytes_per_rank(m, Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1,
+    ...     global_batch=8)) == 4096 * 2 * 4096 * 2 * 7 / 8
+    True
+    """
+    t = tokens_per_rank(model, plan)
+    return t * model.experts_per_token * model.hidden * DTYPE_BYTES[plan.dtype] \
+        * (plan.ep - 1) / plan.ep
+
+
+def mla_ops(model: ModelSpec, t: int, tp: int, dtype: str) -> list[Op]:
+    """Forward attention ops of multi-head latent attention on one TP rank (DeepSeek-V2 §2.1):
+    query down (t, r_q, h) and up (t, a·(d + d_r)/tp, r_q) projections (one (t, a·(d+d_r)/tp,
+    h) GEMM without query compression), key-value down (t, r_kv + d_r, h) and up (t,
+    a·(d + d_v)/tp, r_kv), their RMSNorms, causal flash attention over q/k width d + d_r
+    and value width d_v (t·s·a·(d + d_r + d_v)/tp FLOPs), output (t, h, a·d_v/tp).
+    The down projections are replicated over tp (Megatron-Core ``MLASelfAttention``)."""
+    h, a, d, s = model.hidden, model.num_heads, model.head_dim, model.seq_len
+    qk, vd, b = d + model.qk_rope_head_dim, model.v_head_dim or d, DTYPE_BYTES[dtype]
+    if model.q_lora_rank:
+        ops = [Op("mla-q-down", m=t, n=model.q_lora_rank, k=h),
+               Op("mla-q-norm", bytes=2 * t * model.q_lora_rank * b),
+               Op("mla-q-up", m=t, n=a * qk // tp, k=model.q_lora_rank)]
+    else:
+        ops = [Op("mla-q", m=t, n=a * qk // tp, k=h)]
+    rkv = model.kv_lora_rank
+    return ops + [Op("mla-kv-down", m=t, n=rkv + model.qk_rope_head_dim, k=h),
+                  Op("mla-kv-norm", bytes=2 * t * rkv * b),
+                  Op("mla-kv-up", m=t, n=a * (d + vd) // tp, k=rkv),
+                  Op("attn-core", flops=t * s * a * (qk + vd) / tp),
+                  Op("out-proj", m=t, n=h, k=a * vd // tp)]
+
+
+def expert_ops(model: ModelSpec, plan: Plan, imbalance: float) -> list[Op]:
+    """Forward ops of one MoE MLP on one rank (router, permute, grouped GEMMs, shared
+    experts, unpermute; see the module table). Shapes in elements, bytes in bytes."""
+    h, k, e, fe = model.hidden, model.experts_per_token, model.num_experts, model.expert_hidden
+    d, tr = DTYPE_BYTES[plan.dtype], tokens_per_rank(model, plan)
+    t_full = int(tr * plan.tp)
+    local = e // plan.ep
+    recv = plan.etp * tr * k * imbalance          # token copies this rank's experts compute
+    m = max(1, round(recv / local))
+    f_loc = fe // plan.etp
+    swiglu = model.activation == "swiglu"
+    ops = [Op("router", m=int(tr), n=e, k=h),
+           Op("router-topk", bytes=3 * tr * e * 4),
+           Op("permute", bytes=(1 + k) * tr * h * d + 2 * recv * h * d),
+           Op("expert-up", m=m, n=(2 if swiglu else 1) * f_loc, k=h, count=local),
+           Op("expert-act", bytes=(3 if swiglu else 2) * recv * f_loc * d),
+           Op("expert-down", m=m, n=h, k=f_loc, count=local),
+           Op("unpermute", bytes=(1 + k) * tr * h * d + 2 * recv * h * d)]
+    if model.num_shared_experts:
+        fs = model.num_shared_experts * fe // plan.tp
+        ops += [Op("shared-up", m=t_full, n=(2 if swiglu else 1) * fs, k=h),
+                Op("shared-act", bytes=(3 if swiglu else 2) * t_full * fs * d),
+                Op("shared-down", m=t_full, n=h, k=fs)]
+    return ops
+
+
+@lru_cache(maxsize=4096)
+def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
+                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0) -> LayerCompute:
+    """`LayerCompute` of one block of an MoE and/or MLA model on one rank: the dense block's
+    ops (`layer_forward_ops`) with the MLP swapped for `expert_ops` when ``moe_layer`` and the
+    attention for `mla_ops` when the model uses MLA (cached)."""
+    ops = layer_forward_ops(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
+                            attention, plan.dtype, plan.cp)
+    t = plan.micro_batch * model.seq_len // plan.cp
+    if model.is_mla:
+        at = next(i for i, op in enumerate(ops) if op.name == "qkv")
+        ops = ops[:at] + mla_ops(model, t, plan.tp, plan.dtype) + \
+            [op for op in ops[at:] if op.name not in _STANDARD_ATTENTION]
+    if moe_layer:
+        at = next(i for i, op in enumerate(ops) if op.name == "mlp-up")
+        ops = ops[:at] + expert_ops(model, plan, imbalance) + \
+            [op for op in ops[at:] if op.name not in _DENSE_MLP]
+    return ops_compute(tuple(ops), device, eff, plan.dtype)
+
+
+def chunk_compute(model: ModelSpec, plan: Plan, chunk: int, attention: Attention,
+                  device: DeviceProfile, eff: Efficiency, imbalance: float = 1.0
+                  ) -> tuple[LayerCompute, int]:
+    """(mean `LayerCompute` per block, MoE blocks) of pipeline chunk ``chunk`` (pipeline
+    order, as `Plan.layers_per_stage`), its dense and MoE blocks each costed by
+    `block_compute`."""
+    sizes = plan.layers_per_stage(model)
+    first = sum(sizes[:chunk])
+    n_moe = sum(model.is_moe_layer(i) for i in range(first, first + sizes[chunk]))
+    n = sizes[chunk]
+    parts = [(n - n_moe, block_compute(model, plan, attention, device, eff, False)),
+             (n_moe, block_compute(model, plan, attention, device, eff, True, imbalance))]
+    parts = [(w, lc) for w, lc in parts if w]
+    mean = LayerCompute(*(sum(w * getattr(lc, f) for w, lc in parts) / n
+                          for f in ("fwd_s", "bwd_s", "attn_core_fwd_s", "host_fwd_s",
+                                    "host_bwd_s")),
+                        round(sum(w * lc.kernels_fwd for w, lc in parts) / n))
+    return mean, n_moe
+
+
+def node_dedup_factor(model: ModelSpec, nodes: int) -> float:
+    """Inter-node bytes of a DeepEP dispatch relative to a plain all-to-all: a token crosses
+    to each remote node it touches once (DeepEP normal kernels) instead of once per expert.
+    With k experts spread uniformly over ``nodes`` nodes a token touches
+    u = nodes·(1 − (1 − 1/nodes)^k) of them, at most ``router_group_topk`` when the router's
+    groups are the nodes (node-limited routing, DeepSeek-V3 report §2.1.2); factor u / k.
+
+    >>> from planner.presets import load_model
+    >>> node_dedup_factor(load_model("deepseek-v3"), 8)   # top-8 limited to 4 of 8 nodes
+    0.5
+    """
+    k = model.experts_per_token
+    if nodes <= 1 or k <= 1:
+        return 1.0
+    u = nodes * (1 - (1 - 1 / nodes) ** k)
+    if model.router_groups == nodes and model.router_group_topk < model.router_groups:
+        u = min(u, model.router_group_topk)
+    return u / k
+
+
+def dispatch_time_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
+                    imbalance: float = 1.0, dispatcher: str = "alltoall") -> float:
+    """Seconds of one dispatch (or combine) all-to-all of one MoE block, one micro-batch: the
+    ep group's all-to-all of t·k·h·bytes per rank (`collective_time_s`, with every EP group
+    of the stage running at once and sharing the NICs), times the routing imbalance; with
+    etp > 1 plus the all-gather of the received tokens over the etp group. ``dispatcher``
+    'deepep' scales the bytes by `node_dedup_factor` when the group spans nodes.
+    """
+    if plan.ep == 1 and plan.etp == 1:
+        return 0.0
+    t = tokens_per_rank(model, plan)
+    size = t * model.experts_per_token * model.hidden * DTYPE_BYTES[plan.dtype] * imbalance
+    group = expert_group_ranks(plan, "ep", stage=stage)
+    nodes = len({cluster.node_of(r) for r in group}) if cluster.nics_per_node else 1
+    if dispatcher == "deepep":
+        size *= node_dedup_factor(model, nodes)
+    out = collective_time_s(cluster, "all_to_all", size, group) if plan.ep > 1 else 0.0
+    if plan.etp > 1:
+        out += collective_time_s(cluster, "all_gather", size * plan.etp,
+                                 expert_group_ranks(plan, "etp", stage=stage))
+    return out
+
+
+def expert_params_per_block(model: ModelSpec, plan: Plan) -> float:
+    """Routed-expert parameters of one MoE block on one rank: E/ep experts, 1/etp of each."""
+    return model.num_experts * model.expert_params() / (plan.ep * plan.etp)
+
+
+def chunk_param_split(model: ModelSpec, plan: Plan, chunk: int, total: float) -> tuple[float,
+                                                                                      float]:
+    """(non-expert, routed-expert) parameters one rank holds of pipeline chunk ``chunk``,
+    given ``total`` = the chunk's parameters as a dense split counts them (every block / tp,
+    `simulator.step.memory.chunk_params`): the routed experts of its MoE blocks leave the
+    tp split and are held E/ep per rank, 1/etp of each (`expert_params_per_block`)."""
+    sizes = plan.layers_per_stage(model)
+    first = sum(sizes[:chunk])
+    n_moe = sum(model.is_moe_layer(i) for i in range(first, first + sizes[chunk]))
+    routed = model.num_experts * model.expert_params()
+    blocks = sum(model.block_params(i, active=False) for i in range(first, first + sizes[chunk]))
+    dense = total - sizes[chunk] * model.layer_params() / plan.tp \
+        + (blocks - n_moe * routed) / plan.tp
+    return dense, n_moe * expert_params_per_block(model, plan)
+
+
+def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Activation bytes an MoE block stores beyond what the dense-block formula
+    (`simulator.step.memory.layer_activation_bytes`) counts for its MLP, one micro-batch, one
+    rank: the MoE MLP keeps the router input and fp32 scores (2h + 4E per token), per
+    received token copy its permuted input (2h) and the expert activations (6·f_e/etp for
+    SwiGLU, 4·f_e/etp for GeLU, as the dense MLP keeps per token, Korthikanti et al. 2022
+    Table 2), the unpermute input (2h) per copy, and the shared experts as a dense MLP; minus
+    the dense MLP's 3h + 6f (or 4f) per token. 16-bit bytes, scaled by dtype_bytes / 2;
+    full recomputation keeps neither (0)."""
+    if plan.recompute == "full":
+        return 0.0
+    h, k, e, fe = model.hidden, model.experts_per_token, model.num_experts, model.expert_hidden
+    tr = tokens_per_rank(model, plan)
+    t_all = tr * plan.tp
+    c = 6 if model.activation == "swiglu" else 4
+    copies = plan.etp * tr * k
+    moe = tr * (2 * h + 4 * e) + copies * (4 * h + c * fe / plan.etp) \
+        + t_all * c * model.num_shared_experts * fe / plan.tp
+    dense = t_all * (3 * h + c * model.ffn_hidden) / plan.tp
+    return (moe - dense) * DTYPE_BYTES[plan.dtype] / 2
+
+
+def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, stage: int,
+                    attention: Attention, device: DeviceProfile, eff: Efficiency, *,
+                    imbalance: float = 1.0, dispatcher: str = "alltoall",
+                    overlap: bool = False) -> tuple[LayerCompute, float, float]:
+    """(mean `LayerCompute` per block, exposed all-to-all seconds per block forward, the same
+    backward) of pipeline chunk ``chunk`` on pipeline rank ``stage``, one micro-batch.
+
+    Each MoE block runs a dispatch and a combine all-to-all forward and both again backward
+    (`dispatch_time_s`); full recomputation repeats the forward pair. With ``overlap`` (a
+    framework that runs one micro-batch's all-to-all beside another's compute: Megatron-Core
+    ``--overlap-moe-expert-parallel-comm``, DualPipe, DeepSeek-V3 report §3.2.1) only the part
+    longer than the block's compute is exposed. Averaged over the chunk's blocks (dense
+    blocks send nothing).
+    """
+    mean, n_moe = chunk_compute(model, plan, chunk, attention, device, eff, imbalance)
+    if n_moe == 0 or (plan.ep == 1 and plan.etp == 1):
+        return mean, 0.0, 0.0
+    a2a = dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
+    fwd, bwd = 2 * a2a, 2 * a2a + (2 * a2a if plan.recompute == "full" else 0.0)
+    if overlap:
+        block = block_compute(model, plan, attention, device, eff, True, imbalance)
+        fwd, bwd = max(0.0, fwd - block.fwd_s), max(0.0, bwd - block.bwd_s)
+    share = n_moe / plan.layers_per_stage(model)[chunk]
+    return mean, fwd * share, bwd * share
+
+
+def stage_expert_blocks(model: ModelSpec, plan: Plan, stage: int) -> int:
+    """MoE blocks held by pipeline rank ``stage`` (all its chunks)."""
+    sizes = plan.layers_per_stage(model)
+    starts = [sum(sizes[:c]) for c in range(len(sizes))]
+    return sum(model.is_moe_layer(i) for c in range(stage, len(sizes), plan.pp)
+               for i in range(starts[c], starts[c] + sizes[c]))
+
+
+def zero3_layer_groups(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[float, list]]:
+    """(parameters per block per rank, gather / reduce-scatter group) of ZeRO-3 / FSDP on an
+    MoE model: the non-expert part of a block (/tp) over the dp·cp group and the routed
+    experts (`expert_params_per_block`, averaged over the blocks) over the edp group."""
+    from planner.mesh import group_ranks
+    blocks = [model.block_params(i, active=False) for i in range(model.num_layers)]
+    routed = model.num_experts * model.expert_params() * model.num_moe_layers
+    dense = (sum(blocks) - routed) / model.num_layers / plan.tp
+    expert = expert_params_per_block(model, plan) * model.num_moe_layers / model.num_layers
+    return [(dense, list(group_ranks(plan, "dp_cp", stage=stage))),
+            (expert, expert_group_ranks(plan, "edp", stage=stage))]

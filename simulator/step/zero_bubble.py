@@ -1,0 +1,243 @@
+"""Zero-bubble pipeline schedules in the SimPy step: ZB-H1, interleaved zero bubble, ZB-V
+and DualPipe-V.
+
+Zero-bubble schedules split each chunk's backward into B, the input gradient the previous
+stage waits for, and W, the weight gradient nothing waits for, and move the W's into what
+would be bubbles (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §2–3).
+DualPipe-V also pairs a forward with a backward of another micro-batch so that one's
+communication hides under the other's compute (DeepSeek-V3 technical report §3.2.1).
+
+`split_backward` gives every chunk its W time from the op model (each weight GEMM's wgrad
+costs what its forward costs: dW = Xᵀ·dY has the same m·n·k); `simulate_zero_bubble` runs the
+ranks' orders (`simulator.step.zb_orders`, those torch.distributed.pipelining executes) on
+the streams of `simulator.step.pipeline`; `estimate_zero_bubble` is the closed form, from
+the bubble formulas of `bubble_formula_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import simpy
+
+from planner.mesh import chunk_rank
+from planner.spec import ModelSpec, Plan
+from simulator.network.hardware import DeviceProfile
+from simulator.step.compute import (
+    ATTENTION_CORE,
+    Efficiency,
+    edge_compute,
+    gemm_time_s,
+    layer_compute,
+    layer_forward_ops,
+    op_time_s,
+)
+from simulator.step.pipeline import (
+    PipelineResult,
+    _bucket_reduce,
+    _Pipeline,
+    exposed_dp_s,
+    pipeline_result,
+    step_tail,
+)
+from simulator.step.stagecosts import StageCosts
+from simulator.step.zb_orders import Step, rank_order
+
+
+def wgrad_layer_s(model: ModelSpec, plan: Plan, attention: str, device: DeviceProfile,
+                  eff: Efficiency) -> float:
+    """Seconds of one block's weight-gradient GEMMs for one micro-batch on one TP rank.
+
+    Each weight GEMM Y = X·W (X: T×k, W: k×n) has a wgrad dW = Xᵀ·dY of the same 2·T·k·n
+    FLOPs, so it costs its forward GEMM's time (Qi et al. 2024 §2: T_W ≈ T_F for the
+    linear layers); attention's score and value products have no weights and belong to B.
+    """
+    ops = layer_forward_ops(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
+                            attention, plan.dtype, plan.cp)
+    return sum(op_time_s(op, device, eff, plan.dtype) for op in ops
+               if op.m and op.name not in ATTENTION_CORE)
+
+
+def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attention: str,
+                   device: DeviceProfile, eff: Efficiency) -> list[StageCosts]:
+    """``costs`` with ``wgrad_s`` set: each chunk's backward times the weight-gradient share
+    of its device backward (the blocks' `wgrad_layer_s` plus, on the last chunk, the logits
+    GEMM's wgrad, over the blocks' backward with any recomputation plus the edge backward).
+
+    A share keeps the split right when the backward is host-bound or calibrated on a CPU.
+    """
+    lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel, attention,
+                       plan.dtype, device, eff, plan.cp)
+    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
+    w_layer = wgrad_layer_s(model, plan, attention, device, eff)
+    chunks = plan.layers_per_stage(model)
+    out = []
+    for g, (c, layers) in enumerate(zip(costs, chunks, strict=True)):
+        last = g == len(chunks) - 1
+        _, e_bwd, _ = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, device, eff,
+                                   first=g == 0, last=last, cp=plan.cp)
+        t = plan.micro_batch * model.seq_len // plan.cp
+        e_w = gemm_time_s(t, model.vocab_size // plan.tp, model.hidden,
+                          device.peak(plan.dtype), eff) if last else 0.0
+        share = (layers * w_layer + e_w) / (layers * (lc.bwd_s + recompute) + e_bwd)
+        out.append(dataclasses.replace(c, wgrad_s=c.bwd_compute_s * min(1.0, share)))
+    return out
+
+
+def _op_times(c: StageCosts, kind: str) -> tuple[float, float]:
+    # (compute s, exposed comm s) of one op; the TP collectives of the backward sit in B.
+    return {"F": (c.fwd_compute_s, c.fwd_comm_s),
+            "B": (c.bwd_compute_s - c.wgrad_s, c.bwd_comm_s),
+            "W": (c.wgrad_s, 0.0),
+            "BW": (c.bwd_compute_s, c.bwd_comm_s)}[kind]
+
+
+def step_times(costs: list[StageCosts], step: Step) -> tuple[float, float]:
+    """(compute s, exposed comm s) of one step of an order. An overlapped pair (DualPipe's
+    F&B) computes both ops back to back and hides their communication under that compute:
+    only the excess shows (DeepSeek-V3 report §3.2.1, Figure 4).
+
+    >>> c = StageCosts(fwd_compute_s=1, bwd_compute_s=2, fwd_comm_s=0.5, bwd_comm_s=1,
+    ...                wgrad_s=1)
+    >>> step_times([c], (("B", 0, 0),)), step_times([c], (("F", 0, 1), ("BW", 0, 0)))
+    ((1, 1), (3, 0.0))
+    """
+    times = [_op_times(costs[g], kind) for kind, g, _ in step]
+    compute, comm = sum(t[0] for t in times), sum(t[1] for t in times)
+    if len(step) > 1:
+        comm = max(0.0, comm - compute)
+    return compute, comm
+
+
+def _rank_process(env: simpy.Environment, pipe: _Pipeline, stage: int, order: list[Step],
+                  schedule: str, overlap_dp: bool):
+    rank, last_g = pipe.ranks[stage], len(pipe.costs) - 1
+    tail = pipe.costs[stage]  # chunk `stage` is on this rank in both layouts: it holds DP
+    dp_done = env.event()
+    grads = [i for i, s in enumerate(order) if any(op[0] in ("W", "BW") for op in s)]
+    for i, step in enumerate(order):
+        for kind, g, k in step:
+            if kind == "F" and g > 0:
+                yield pipe.arrival(("F", g, k))
+            elif kind in ("B", "BW") and g < last_g:
+                yield pipe.arrival(("B", g, k))
+        compute, comm = step_times(pipe.costs, step)
+        if overlap_dp and grads and i == grads[-1]:  # the buckets reduce under the last W
+            last = dataclasses.replace(tail, bwd_compute_s=compute, bwd_comm_s=comm)
+            env.process(_bucket_reduce(env, rank, last, env.now, dp_done))
+        name = "&".join(f"{kind}{k}.c{g}" for kind, g, k in step)
+        yield from rank.hold("compute", name, compute)
+        yield from rank.hold("comm", f"tp-{name}", comm)
+        for kind, g, k in step:
+            _send(env, pipe, rank, schedule, kind, g, k, last_g)
+    yield from step_tail(env, rank, tail, overlap_dp, dp_done)
+
+
+def _send(env: simpy.Environment, pipe: _Pipeline, rank, schedule: str, kind: str, g: int,
+          k: int, last_g: int) -> None:
+    # F sends its activation to chunk g + 1, B / BW its input gradient to chunk g − 1; a
+    # neighbour on the same rank (the turn of a V) needs no transfer.
+    if kind == "F" and g < last_g:
+        key, peer, stream, seconds = ("F", g + 1, k), g + 1, "p2p-next", pipe.costs[g].p2p_fwd_s
+    elif kind in ("B", "BW") and g > 0:
+        key, peer, stream, seconds = ("B", g - 1, k), g - 1, "p2p-prev", pipe.costs[g].p2p_bwd_s
+    else:
+        return
+    if chunk_rank(schedule, pipe.pp, peer) == rank.stage:
+        pipe.arrival(key).succeed()
+    else:
+        tag = f"{k}.c{g}"
+        env.process(pipe.send(rank, stream, key, seconds,
+                              f"send-{'act' if kind == 'F' else 'grad'}{tag}"))
+
+
+def simulate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatches: int, *,
+                         virtual_stages: int = 1, trace: bool = False,
+                         overlap_dp: bool = False) -> PipelineResult:
+    """Run one step of zero-bubble ``schedule`` over ``costs`` (pp·v chunks in pipeline
+    order, chunk g on rank `planner.mesh.chunk_rank`) in SimPy.
+
+    Each rank runs its order (`simulator.step.zb_orders.rank_order`) on its compute stream,
+    waiting for each op's input (the activation of a forward, the gradient of a B); F, B, W
+    and BW cost per `step_times`; sends go on the P2P streams as in
+    `simulator.step.pipeline.simulate_pipeline`, whose result this returns. With
+    ``overlap_dp`` the gradient buckets reduce under the rank's last weight-gradient step.
+    """
+    env = simpy.Environment()
+    pp = len(costs) // virtual_stages
+    pipe = _Pipeline(env, costs, pp, trace)
+    for stage in range(pp):
+        order = rank_order(schedule, pp, num_microbatches, stage, virtual_stages)
+        env.process(_rank_process(env, pipe, stage, order, schedule, overlap_dp))
+    env.run()
+    return pipeline_result(pipe)
+
+
+def _timeline(costs: list[StageCosts], schedule: str, m: int,
+              v: int) -> tuple[list[float], list[float], list[float]]:
+    # Each rank's (end of its last op, busy compute, exposed comm) from list scheduling of
+    # the orders: a step starts when its rank is free and its inputs have arrived (producer
+    # end + the P2P time); sends do not queue. The SimPy run without stream contention.
+    pp, last_g = len(costs) // v, len(costs) - 1
+    orders = [rank_order(schedule, pp, m, r, v) for r in range(pp)]
+    ready: dict[tuple, float] = {}
+    free, compute, comm, nxt = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0] * pp
+    progress = True
+    while progress:
+        progress = False
+        for r in range(pp):
+            while nxt[r] < len(orders[r]):
+                step = orders[r][nxt[r]]
+                needs = [("F", g, k) for kind, g, k in step if kind == "F" and g > 0] + \
+                    [("B", g, k) for kind, g, k in step if kind in ("B", "BW") and g < last_g]
+                if any(key not in ready for key in needs):
+                    break
+                c, x = step_times(costs, step)
+                end = max([free[r]] + [ready[key] for key in needs]) + c + x
+                free[r], compute[r], comm[r], nxt[r] = end, compute[r] + c, comm[r] + x, \
+                    nxt[r] + 1
+                progress = True
+                for kind, g, k in step:
+                    if kind == "F" and g < last_g:
+                        hop = chunk_rank(schedule, pp, g + 1) != r
+                        ready[("F", g + 1, k)] = end + hop * costs[g].p2p_fwd_s
+                    elif kind in ("B", "BW") and g > 0:
+                        hop = chunk_rank(schedule, pp, g - 1) != r
+                        ready[("B", g - 1, k)] = end + hop * costs[g].p2p_bwd_s
+    return free, compute, comm
+
+
+def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatches: int,
+                         overlap_dp: bool = False,
+                         virtual_stages: int = 1) -> tuple[float, float, float]:
+    """Closed form of `simulate_zero_bubble`: ``(step_s, compute_s, comm_s)``.
+
+    List scheduling of the ranks' orders (each step starts when its rank is free and its
+    inputs have arrived; P2P sends do not queue), then each rank's once-per-step tail
+    (exposed DP reduction, optimizer, weight gather; `simulator.step.pipeline.exposed_dp_s`,
+    with the W time as the backward it hides under). The critical rank is the one that
+    finishes last. Equals the SimPy step when sends do not contend.
+
+    Warm-up and cool-down of these orders span under 2·pp micro-batches and the steady
+    state repeats every micro-batch, so for m > 3·pp the ranks are scheduled for m₀ = 2·pp
+    and m₁ = 3·pp micro-batches and extended linearly to m (interleaved-zb only when pp
+    divides m, so that its rounds stay pp long).
+    """
+    pp, v, m = len(costs) // virtual_stages, virtual_stages, num_microbatches
+    if m <= 3 * pp or (schedule == "interleaved-zb" and m % pp):
+        ends, compute, comm = _timeline(costs, schedule, m, v)
+    else:
+        runs = [_timeline(costs, schedule, n, v) for n in (2 * pp, 3 * pp)]
+        ends, compute, comm = ([b + (b - a) * (m - 3 * pp) / pp
+                                for a, b in zip(*pair, strict=True)]
+                               for pair in zip(*runs, strict=True))
+    finish = []
+    for r in range(pp):
+        tail = costs[r]
+        hidden = dataclasses.replace(tail, bwd_compute_s=tail.wgrad_s or tail.bwd_compute_s,
+                                     bwd_comm_s=0.0 if tail.wgrad_s else tail.bwd_comm_s)
+        exposed = exposed_dp_s(hidden, overlap_dp) + tail.dp_gather_s
+        finish.append((ends[r] + exposed + tail.optimizer_s, exposed))
+    crit = max(range(pp), key=lambda r: (finish[r][0], compute[r] + comm[r]))
+    return (finish[crit][0], compute[crit] + costs[crit].optimizer_s,
+            comm[crit] + finish[crit][1])

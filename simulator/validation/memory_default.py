@@ -1,0 +1,42 @@
+"""A row that does not say its recomputation ran with one that fits the device: the reader's
+rule for an empty ``recompute`` cell whose framework default would not fit in memory."""
+
+from __future__ import annotations
+
+from planner.spec import ModelSpec, Plan
+from simulator.step.memory import memory_per_stage
+from simulator.step.stagecosts import SimOptions
+
+#: Policies in the order a framework user reaches for them when memory runs out.
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def recompute_that_fits(model: ModelSpec, plan: Plan, options: SimOptions,
+                        device_memory_bytes: float) -> tuple[Plan, str | None]:
+    """``plan`` unchanged when its peak memory per rank (`memory_per_stage`) fits
+    ``device_memory_bytes``; else the plan with the first stronger recomputation policy of
+    `RECOMPUTE_ORDER` that fits, and a flag saying so. A published run ran, so it fitted;
+    when even full recomputation does not fit, the plan is kept as given.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("llama3-8b")
+    >>> p = Plan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=16, zero_stage=3)
+    >>> recompute_that_fits(m, p, SimOptions(attention="flash"), 80 * 2**30)[0].recompute
+    'full'
+    >>> recompute_that_fits(m, p.replace(micro_batch=1, global_batch=8),
+    ...                     SimOptions(attention="flash"), 80 * 2**30)[1] is None
+    True
+    """
+    def peak(p: Plan) -> float:
+        return max(s.total_bytes for s in memory_per_stage(
+            model, p, attention=options.attention, fp32_main_grads=options.fp32_main_grads))
+
+    if peak(plan) <= device_memory_bytes:
+        return plan, None
+    for policy in RECOMPUTE_ORDER[RECOMPUTE_ORDER.index(plan.recompute) + 1:]:
+        stronger = plan.replace(recompute=policy)
+        if peak(stronger) <= device_memory_bytes:
+            return stronger, (f"recompute={policy} (the default {plan.recompute} needs "
+                              f"{peak(plan) / 2**30:.0f} GiB per rank; the device has "
+                              f"{device_memory_bytes / 2**30:.0f})")
+    return plan, None

@@ -1,0 +1,111 @@
+"""`meshplan export`: every emitted name is one the framework's own parser or schema defines
+(planner/presets/export_names.yaml, read from each framework's source at a cited commit)."""
+
+import json
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from apps.cli import main
+from planner.export import export_plan
+from planner.presets import load_model
+from planner.spec import Plan
+
+NAMES = yaml.safe_load((Path(__file__).parents[2] / "planner" / "presets"
+                        / "export_names.yaml").read_text())
+PLANS = [
+    Plan(tp=8, pp=16, dp=128, micro_batch=1, global_batch=2048, zero_stage=2,
+         sequence_parallel=True, recompute="full", stage_layers=(7,) + (8,) * 14 + (7,)),
+    Plan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=16, schedule="interleaved-1f1b",
+         virtual_stages=2, recompute="selective", dtype="fp8", placement=("tp", "pp", "dp")),
+    Plan(tp=1, pp=1, dp=8, cp=2, micro_batch=1, global_batch=8, zero_stage=3, dtype="fp16"),
+    Plan(tp=4, pp=1, dp=2, micro_batch=1, global_batch=8, zero_stage=1),
+]
+MODELS = {0: "llama3-405b", 1: "llama3-8b", 2: "llama3-8b", 3: "tiny-gpt"}
+
+
+def _check(framework: str, name: str, value: object) -> None:
+    spec = NAMES[framework]["names"]
+    assert name in spec, f"{name} is not a {framework} name"
+    kind = spec[name]
+    if kind == "switch":
+        assert value is None, f"{name} takes no value"
+    elif isinstance(kind, list):
+        assert value in kind or (isinstance(value, list) and set(value) <= set(kind)), \
+            f"{name}={value!r} is not one of {kind}"
+    else:
+        assert value is not None, f"{name} needs a value"
+
+
+def _megatron_args(text: str) -> list[tuple[str, object]]:
+    words = shlex.split(text.replace("\\\n", " "))
+    out = []
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            out.append((word, None if nxt is None or nxt.startswith("--") else nxt))
+    return out
+
+
+def _walk(prefix: str, table: dict):
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):  # a TOML table or a JSON object: its keys are nested
+            yield from _walk(name + ".", value)
+        else:
+            yield name, value
+
+
+@pytest.mark.parametrize("index", range(len(PLANS)))
+def test_every_emitted_name_is_the_frameworks_own(index):
+    model, plan = load_model(MODELS[index]), PLANS[index]
+    megatron = export_plan(model, plan, "megatron", steps=100)
+    pairs = _megatron_args(megatron.text)
+    assert [n for n, _ in pairs] == megatron.names
+    for name, value in pairs:
+        _check("megatron", name, value)
+    titan = export_plan(model, plan, "torchtitan", steps=100)
+    parsed = list(_walk("", tomllib.loads(titan.text)))
+    assert sorted(n for n, _ in parsed) == sorted(titan.names)
+    for name, value in parsed:
+        _check("torchtitan", name, value)
+    ds = export_plan(model, plan, "deepspeed")
+    parsed = list(_walk("", json.loads(ds.text)))
+    assert [n for n, _ in parsed] == ds.names
+    for name, value in parsed:
+        _check("deepspeed", name, value)
+
+
+def test_llama3_405b_plan_by_hand():
+    # Llama 3 §3.3.2: 126 layers on 16 stages, one fewer on the first and last
+    model, plan = load_model("llama3-405b"), PLANS[0]
+    args = dict(_megatron_args(export_plan(model, plan, "megatron").text))
+    assert args["--decoder-first-pipeline-num-layers"] == "7"
+    assert args["--decoder-last-pipeline-num-layers"] == "7"
+    assert args["--data-parallel-sharding-strategy"] == "optim_grads"  # ZeRO-2
+    titan = tomllib.loads(export_plan(model, plan, "torchtitan").text)
+    # 2048 sequences over dp=128 replicas: 16 per data-parallel rank
+    assert titan["training"]["local_batch_size"] == 16
+    assert titan["parallelism"]["pipeline_parallel_layers_per_stage"] == 8
+    ds = json.loads(export_plan(model, plan, "deepspeed").text)
+    # DeepSpeed: train_batch_size = micro-batch x accumulation x dp = 1 x 16 x 128
+    assert ds["gradient_accumulation_steps"] == 16
+    assert any(r.startswith("pp=16") for r in export_plan(model, plan, "deepspeed").unsupported)
+
+
+def test_export_cli_prints_text_and_reasons(tmp_path, capsys):
+    from apps.clusters import cluster_from_flags, cluster_ref
+    from planner.planfile import PlanFile, write_plan_file
+    model, plan = load_model("llama3-8b"), PLANS[3].replace(global_batch=8)
+    cluster = cluster_from_flags("dgx-h100", 1, None, None)
+    path = tmp_path / "plan.yaml"
+    write_plan_file(path, PlanFile(model=model, plan=plan, prediction={},
+                                   cluster=cluster_ref(cluster, plan, "dgx-h100")))
+    assert main(["export", str(path), "--to", "torchtitan"]) == 0
+    captured = capsys.readouterr()
+    assert tomllib.loads(captured.out)["parallelism"]["tensor_parallel_degree"] == 4
+    assert "not expressed in torchtitan: zero_stage=1" in " ".join(captured.err.split())
+    assert main(["export", str(path), "--to", "deepspeed", "--steps", "0"]) == 2

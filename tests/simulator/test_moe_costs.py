@@ -1,0 +1,104 @@
+"""Mixture-of-experts step costs: all-to-all bytes, expert sharding over edp, grouped GEMMs."""
+
+import pytest
+
+from planner.presets import load_model
+from planner.spec import Plan
+from simulator.network.cluster import load_cluster
+from simulator.network.collectives import collective_time_s
+from simulator.step.compute import gemm_time_s, load_efficiency
+from simulator.step.memory import memory_per_stage, stage_param_split
+from simulator.step.moe import (
+    dispatch_bytes_per_rank,
+    dispatch_time_s,
+    expert_ops,
+    node_dedup_factor,
+)
+from simulator.step.simulate import estimate
+
+MIXTRAL = load_model("mixtral-8x7b")
+EXPERT = 3 * 4096 * 14336          # one SwiGLU expert of Mixtral 8x7B: 176,160,768
+
+
+def _plan(**kw):
+    return Plan(**{**dict(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8), **kw})
+
+
+def test_dispatch_bytes_per_rank_by_hand():
+    # tokens*k*hidden*bytes*(ep-1)/ep: 4096 tokens (b=1, s=4096), top-2, h=4096, bf16,
+    # ep=8: 4096*2*4096*2*7/8 = 58,720,256 bytes; tp=2 halves the tokens (sequence parallel).
+    assert dispatch_bytes_per_rank(MIXTRAL, _plan(ep=8)) == 58_720_256
+    assert dispatch_bytes_per_rank(MIXTRAL, _plan(tp=2, dp=4, ep=8)) == 29_360_128
+    assert dispatch_bytes_per_rank(MIXTRAL, _plan(ep=1)) == 0
+
+
+def test_dispatch_is_the_ep_group_all_to_all():
+    # One dispatch = the all-to-all of t*k*h*2 bytes per rank over the 8 GPUs of one node
+    # (ep=8 sits inside the NVLink domain); the routing imbalance scales the bytes.
+    c = load_cluster("dgx-h100", nodes=1)
+    size = 4096 * 2 * 4096 * 2
+    assert dispatch_time_s(MIXTRAL, _plan(ep=8), c, 0) == \
+        collective_time_s(c, "all_to_all", size, range(8))
+    assert dispatch_time_s(MIXTRAL, _plan(ep=8), c, 0, imbalance=1.5) == \
+        collective_time_s(c, "all_to_all", 1.5 * size, range(8))
+
+
+def test_cross_node_dispatch_is_slower_than_inside_the_node():
+    # ep=16 spans two DGX nodes: half the copies leave through the NICs (50 GB/s per GPU)
+    # instead of NVLink (450 GB/s), so one dispatch takes longer per byte.
+    c = load_cluster("dgx-h100", nodes=2)
+    m = load_model("deepseek-v3")
+    inside = dispatch_time_s(m, _plan(dp=16, global_batch=16, ep=8), c, 0)
+    across = dispatch_time_s(m, _plan(dp=16, global_batch=16, ep=16), c, 0)
+    assert across > 3 * inside
+
+
+def test_deepep_dedup_factor():
+    # Uniform top-2 over 2 nodes: a token touches 2*(1 - 1/4) = 1.5 nodes, so 1.5/2 = 0.75
+    # of the copies cross; DeepSeek-V3 at 8 nodes: node-limited to 4 of top-8 -> 0.5.
+    assert node_dedup_factor(MIXTRAL, 2) == pytest.approx(0.75)
+    assert node_dedup_factor(load_model("deepseek-v3"), 8) == 0.5
+    assert node_dedup_factor(MIXTRAL, 1) == 1.0
+
+
+def test_expert_weights_and_optimizer_shard_over_edp():
+    # Mixtral, dp=8, ep=8 -> edp = 1: each rank holds 1 of 8 experts in each of 32 blocks,
+    # 32 * 176,160,768 expert parameters, unsharded by ZeRO-1 (edp = 1); the rest (total
+    # minus the 256 experts) is sharded over dp = 8. ZeRO paper: 12 optimizer bytes/param.
+    dense, experts = stage_param_split(MIXTRAL, _plan(ep=8, zero_stage=1), 0)
+    assert experts == 32 * EXPERT
+    assert dense == MIXTRAL.num_params() - 32 * 8 * EXPERT
+    mem = memory_per_stage(MIXTRAL, _plan(ep=8, zero_stage=1))[0]
+    assert mem.optimizer_bytes == pytest.approx(12 * (dense / 8 + experts / 1))
+    assert mem.weights_bytes == pytest.approx(2 * (dense + experts))
+    # ep=2 -> edp = 4: 4 experts per block per rank, optimizer state over 4 ranks
+    dense2, experts2 = stage_param_split(MIXTRAL, _plan(ep=2, zero_stage=1), 0)
+    assert experts2 == 32 * 4 * EXPERT
+    mem2 = memory_per_stage(MIXTRAL, _plan(ep=2, zero_stage=1))[0]
+    assert mem2.optimizer_bytes == pytest.approx(12 * (dense2 / 8 + experts2 / 4))
+
+
+def test_grouped_gemm_of_small_experts_runs_below_dense_efficiency():
+    # Many experts with few tokens each: the (m, 2*f_e, h) GEMM per expert pays for tile
+    # quantisation and saturation. Qwen3-30B-A3B at b=1: 4096 tokens x top-8 over 128
+    # experts = 256 tokens per expert; per FLOP slower than one GEMM of all 32,768 copies.
+    m = load_model("qwen3-30b-a3b")
+    ops = {op.name: op for op in expert_ops(m, _plan(ep=1), 1.0)}
+    up = ops["expert-up"]
+    assert (up.m, up.n, up.k, up.count) == (256, 2 * 768, 2048, 128)
+    eff, peak = load_efficiency("h100-sxm-80gb"), 989e12
+    grouped = gemm_time_s(up.m, up.n, up.k, peak, eff, up.count)
+    single = gemm_time_s(up.m * up.count, up.n, up.k, peak, eff)
+    assert grouped >= single
+
+
+def test_moe_step_pays_for_cross_node_all_to_all():
+    # The same DeepSeek-V3 plan with EP inside a node (ep=8) and across 8 nodes (ep=64):
+    # the step with the cross-node all-to-all exposes more communication.
+    m = load_model("deepseek-v3")
+    c = load_cluster("dgx-h100", nodes=64)
+    base = dict(tp=1, pp=8, dp=64, micro_batch=1, global_batch=512, zero_stage=1,
+                stage_layers=(8, 8, 8, 8, 8, 7, 7, 7))
+    near = estimate(m, Plan(**base, ep=8), c)
+    far = estimate(m, Plan(**base, ep=64), c)
+    assert far.comm_s > near.comm_s
