@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides, rank_chunks
+from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides
 from planner.precision import (
     LINEAR_GEMMS,
     block_scaled_device,
@@ -50,7 +50,7 @@ from simulator.step.compute import (
     load_efficiency,
 )
 from simulator.step.cpu_model import cpu_stage_costs
-from simulator.step.memory import optimizer_bytes_per_param, stage_param_split
+from simulator.step.memory import optimizer_bytes_per_param, stage_param_split, stage_param_splits
 from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 from simulator.step.zero_bubble import split_backward
@@ -401,6 +401,10 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     # are costed once (unless the cost memo is off).
     memo: dict | None = {} if memo_enabled() else None
     by_index = model.is_moe or model.is_mla
+    held = [0] * pp  # blocks each rank holds (all its chunks)
+    for g, layers in enumerate(chunks):
+        held[chunk_rank(plan.schedule, pp, g)] += layers
+    splits = None if model.is_moe else stage_param_splits(model, plan)
     out = []
     for g, layers in enumerate(chunks):
         rank = chunk_rank(plan.schedule, pp, g)
@@ -416,8 +420,9 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         src = rank * stride
         nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
         prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
-        tail = _tail(model, plan, cluster, rank, bandwidth, options, chunks, dev, fwd, memo) \
-            if g < pp else {}
+        tail = _tail(model, plan, cluster, rank, bandwidth, options, (
+            splits[rank] if splits else stage_param_split(model, plan, rank), held[rank]),
+            dev, fwd, memo) if g < pp else {}
         extra = options.p2p_overhead_s
         p2p_f = boundary_send_time_s(cluster, p2p_bytes, src, nxt, pp_stride=stride, pp=pp) \
             + extra if g < len(chunks) - 1 else 0.0
@@ -454,14 +459,14 @@ def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
 
 
 def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: float,
-          options: SimOptions, chunks: tuple[int, ...], dev, fwd: float,
+          options: SimOptions, holds: tuple[tuple[float, float], int], dev, fwd: float,
           memo: dict | None) -> dict:
     # A rank's once-per-step DP reduction, weight gather, optimizer and weight casts
-    # (`_dp_and_optimizer`, `weight_cast_s`); its DP and expert-DP groups are concurrent
-    # groups of one shape for every rank, so ranks with equal parameters, layers and
-    # forward time have equal tails.
-    held = sum(chunks[c] for c in rank_chunks(plan, rank))
-    key = ("tail", stage_param_split(model, plan, rank), held, fwd)
+    # (`_dp_and_optimizer`, `weight_cast_s`); ``holds``: its (dense, expert) parameters and
+    # blocks. Its DP and expert-DP groups are concurrent groups of one shape for every
+    # rank, so ranks with equal parameters, blocks and forward time have equal tails.
+    held = holds[1]
+    key = ("tail", holds, fwd)
     if memo is not None and key in memo:
         return dict(memo[key])
     tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options)

@@ -175,13 +175,14 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
     return min(2 * (plan.pp - stage - 1) + (v - 1) * plan.pp + 1, m * v) / v
 
 
-def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
+def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int,
+                           chunks: list[int] | tuple[int, ...] | None = None) -> float:
     # Embedding output on the first stage (2sbh, Korthikanti §4.3); final norm input plus fp32
-    # logits (4·s·b·V / tp) on the last.
+    # logits (4·s·b·V / tp) on the last. ``chunks``: the stage's `rank_chunks`, if known.
     s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
     extra = 0.0
-    chunks = rank_chunks(plan, stage)
+    chunks = rank_chunks(plan, stage) if chunks is None else chunks
     if 0 in chunks:
         extra += 2 * s * b * h * scale
     if plan.pp * plan.virtual_stages - 1 in chunks:
@@ -300,7 +301,8 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     for stage in range(plan.pp) if stages is None else stages:
         params, experts = splits[stage] if splits else stage_param_split(model, plan, stage)
         layers = sum(chunks[c] for c in held_chunks[stage])
-        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
+        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
+                                                           held_chunks[stage])
         if model.is_moe:
             from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
