@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from planner.mesh import chunk_rank, rank_chunks
 from planner.precision import storage_dtype, weight_cache_bytes_per_param
-from planner.spec import DTYPE_BYTES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
+from planner.spec import DTYPE_BYTES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 from simulator.step.zb_orders import peak_in_flight, rank_order
 
 
@@ -83,19 +83,22 @@ def stage_param_splits(model: ModelSpec, plan: Plan) -> list[tuple[float, float]
     >>> stage_param_splits(m, p) == [(c[0] + c[2], 0.0), (c[1] + c[3], 0.0)]
     True
     """
-    sizes, layer = plan.layers_per_stage(model), model.layer_params()
+    sizes, layer, moe = plan.layers_per_stage(model), model.layer_params(), model.is_moe
     last, inner, out = len(sizes) - 1, {}, [[0.0, 0.0] for _ in range(plan.pp)]
-    if model.is_moe:
-        from simulator.step.moe import chunk_param_split
-    for g, size in enumerate(sizes):   # in chunk order: each rank's sum in rank_chunks order
+    chunk_list = []
+    for g, size in enumerate(sizes):
         if 0 < g < last:  # an inner chunk: its blocks only, equal for equal sizes
             if size not in inner:
                 inner[size] = _chunk_params(model, plan, g, sizes, layer)
-            params = inner[size]
+            chunk_list.append(inner[size])
         else:
-            params = _chunk_params(model, plan, g, sizes, layer)
-        dense, expert = chunk_param_split(model, plan, g, params) if model.is_moe else \
-            (params, 0.0)
+            chunk_list.append(_chunk_params(model, plan, g, sizes, layer))
+    if not moe and plan.schedule not in V_SCHEDULES:  # chunk g on rank g % pp, in order
+        return [(sum(chunk_list[r::plan.pp]), 0.0) for r in range(plan.pp)]
+    if moe:
+        from simulator.step.moe import chunk_param_split
+    for g, params in enumerate(chunk_list):   # in chunk order: each rank's in rank_chunks order
+        dense, expert = chunk_param_split(model, plan, g, params) if moe else (params, 0.0)
         acc = out[chunk_rank(plan.schedule, plan.pp, g)]
         acc[0], acc[1] = acc[0] + dense, acc[1] + expert
     return [(d, e) for d, e in out]
@@ -294,16 +297,19 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     held_chunks: list[list[int]] = [[] for _ in range(plan.pp)]
     for c in range(len(chunks)):
         held_chunks[chunk_rank(plan.schedule, plan.pp, c)].append(c)
-    splits = stage_param_splits(model, plan) if not model.is_moe else None
+    moe = model.is_moe
+    splits = stage_param_splits(model, plan) if not moe else None
     z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
+    linear = _linear_params(model) / plan.tp
+    cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
     for stage in range(plan.pp) if stages is None else stages:
         params, experts = splits[stage] if splits else stage_param_split(model, plan, stage)
         layers = sum(chunks[c] for c in held_chunks[stage])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
                                                            held_chunks[stage])
-        if model.is_moe:
+        if moe:
             from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
 
@@ -312,7 +318,6 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
             return p * per_param / (shard if z >= from_stage else 1) \
                 + e * per_param / (eshard if z >= from_stage else 1)
 
-        cache = _linear_params(model) / plan.tp * layers \
-            * weight_cache_bytes_per_param(plan.dtype, block_scaled)
+        cache = linear * layers * cache_per_param
         yield stage, (held(d, 3) + cache / (shard if z >= 3 else 1), held(g, 2), held(o, 1),
                       acts * microbatches_in_flight(plan, stage))
