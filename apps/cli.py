@@ -24,6 +24,7 @@ from apps import (
     cmd_plan,
     cmd_run,
     cmd_simulate,
+    cmd_sweep,
     cmd_topo,
     cmd_validate,
 )
@@ -32,7 +33,7 @@ from planner.spec import PlanError
 
 #: The subcommand modules, in the order `meshplan --help` lists them.
 COMMANDS = (cmd_plan, cmd_simulate, cmd_run, cmd_compare, cmd_validate, cmd_calibrate,
-            cmd_demo, cmd_launch, cmd_app, cmd_topo, cmd_diff, cmd_export)
+            cmd_demo, cmd_launch, cmd_app, cmd_topo, cmd_diff, cmd_export, cmd_sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:

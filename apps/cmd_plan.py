@@ -54,6 +54,15 @@ def default_global_batch(cluster, seq_len: int) -> int:
     """8 sequences on a CPU cluster; else ~4M tokens rounded to a power of two of sequences."""
     if cluster.default_dtype == "fp32":
         return 8
+    return gpu_global_batch(seq_len)
+
+
+def gpu_global_batch(seq_len: int) -> int:
+    """~4M tokens (`DEFAULT_BATCH_TOKENS`) in sequences, rounded to a power of two.
+
+    >>> gpu_global_batch(2048), gpu_global_batch(8192)
+    (2048, 512)
+    """
     return max(1, 2 ** round(math.log2(DEFAULT_BATCH_TOKENS / seq_len)))
 
 
@@ -75,7 +84,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
-    require_positive(args, "--top-k")
+    require_positive(args, "--top-k", "--prune")
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)

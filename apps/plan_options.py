@@ -46,6 +46,10 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     "(current scaling), mxfp8 or nvfp4; any: search every one the device "
                     "runs (default: the cluster's, bf16 on GPUs)")
     sp.add_argument("--csv", help="write ranked.csv and rejected.csv into this folder")
+    sp.add_argument("--prune", type=int, metavar="K",
+                    help="cost only the plans whose compute-only lower bound can beat the "
+                    "K-th best estimate (the top K and their order are unchanged; the ranked "
+                    "table then holds only the plans costed); default: cost every plan")
     sp.add_argument("--show-rejected", type=int, default=0, metavar="N",
                     help="print the rejected table: N rows per kind (tp, cp, layers, batch, "
                     "schedule, devices, memory)")
@@ -108,7 +112,8 @@ def search_kwargs(args: argparse.Namespace) -> dict:
             "num_devices": getattr(args, "devices", None),
             "max_devices": getattr(args, "max_devices", None),
             "memory_headroom": getattr(args, "memory_headroom", None) or 0.95,
-            "dtype": getattr(args, "dtype", None)}
+            "dtype": getattr(args, "dtype", None),
+            "prune": getattr(args, "prune", None)}
 
 
 def json_extras(result) -> dict:

@@ -1,6 +1,6 @@
 """Planner speed: candidates per second of the analytical tier and wall time of full searches.
 
-    python benchmarks/planner_bench.py [--json]
+    python benchmarks/planner_bench.py [--json] [--only search|screen]
 
 Cases and targets:
 
@@ -11,7 +11,13 @@ Cases and targets:
   published global batch of 1,920 sequences: the whole search, all 5,120 devices and at most
   5,120 devices, <= 30 s each;
 - Llama 3 70B on 1,024 H100s at sequence 8,192, global batch 4M tokens (512 sequences),
-  including the SimPy refinement of the best 20: <= 10 s.
+  including the SimPy refinement of the best 20: <= 10 s;
+- the screen, uncached path against the memoised and pruned one in the same run (GPT-3 175B
+  on 1,024 A100s at its published batch of 1,536 sequences, Brown et al. 2020 Table 2.1;
+  MT-NLG 530B on 5,120 A100s): candidates per CPU second of each, the speed-up, and whether
+  the top 20 (ids, placements, step times, memory) are the same; target >= 10,000 candidates
+  per CPU second for 175B on the new path. The old path turns the cost memo off
+  (`simulator.network.collectives.cost_memo`) and costs every plan (no ``prune``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from planner.presets import load_model  # noqa: E402
 from planner.search import search  # noqa: E402
 from simulator.network.cluster import load_cluster  # noqa: E402
+from simulator.network.collectives import cost_memo  # noqa: E402
 
 CASES = [
     # (name, model, cluster, nodes, search keywords, metric, target)
@@ -62,12 +69,61 @@ def run_case(model_name: str, cluster_name: str, nodes: int, kwargs: dict) -> di
             "best_mfu": None if best is None else float(best["mfu"])}
 
 
+SCREEN_CASES = [
+    # (name, model, cluster, nodes, global batch, target candidates per CPU-s or None)
+    ("gpt3-175b on 1024 A100", "gpt3-175b", "dgx-a100", 128, 1536, 10000.0),
+    ("mt-nlg-530b on 5120 A100", "mt-nlg-530b", "dgx-a100", 640, 1920, None),
+]
+#: Plans the pruned screen must keep exactly: the top of the ranking compared.
+TOP = 20
+TOP_COLUMNS = ["id", "placement", "step_time_s", "tokens_per_s", "peak_memory_bytes"]
+
+
+def screen_case(model_name: str, cluster_name: str, nodes: int, global_batch: int) -> dict:
+    """The analytical tier on the old path (no memo, every plan costed) and the new one
+    (memo, pruned to the best `TOP`), each on a freshly loaded cluster (empty caches)."""
+    model = load_model(model_name)
+    out, tops = {}, {}
+    for path, memo, prune in (("old", False, None), ("new", True, TOP)):
+        cluster = load_cluster(cluster_name, nodes=nodes)
+        with cost_memo(memo):
+            result = search(model, cluster, global_batch=global_batch, top_k=0, prune=prune)
+        st = result.stats
+        out[path] = {"candidates": st["candidates"], "estimated": st["estimated"],
+                     "pruned": st["pruned"], "analytical_s": st["analytical_s"],
+                     "analytical_cpu_s": st["analytical_cpu_s"],
+                     "candidates_per_s": st["candidates"] / st["analytical_s"],
+                     "candidates_per_cpu_s": st["candidates"] / st["analytical_cpu_s"]}
+        tops[path] = result.ranked[TOP_COLUMNS].head(TOP).reset_index(drop=True)
+    out["top_equal"] = bool(tops["old"].equals(tops["new"]))
+    out["speedup"] = out["new"]["candidates_per_cpu_s"] / out["old"]["candidates_per_cpu_s"]
+    out["best"] = tops["new"]["id"].iloc[0] if len(tops["new"]) else None
+    return out
+
+
+def _screen_line(name: str, row: dict) -> str:
+    old, new = row["old"], row["new"]
+    target = row["target"]
+    verdict = "" if target is None else (f"; target >= {target:,.0f} per CPU-s: "
+                                         f"{'PASS' if row['pass'] else 'FAIL'}")
+    return (f"screen {name}: {new['candidates']:,} candidates; old path "
+            f"{old['candidates_per_cpu_s']:,.0f} per CPU-s ({old['candidates_per_s']:,.0f}/s "
+            f"wall, {old['estimated']:,} costed) | new path "
+            f"{new['candidates_per_cpu_s']:,.0f} per CPU-s ({new['candidates_per_s']:,.0f}/s "
+            f"wall, {new['estimated']:,} costed, {new['pruned']:,} pruned); "
+            f"x{row['speedup']:.1f}; top {TOP} equal: {row['top_equal']}; best {row['best']}"
+            f"{verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--only", choices=("search", "screen"),
+                        help="run only the search cases or only the old/new screen cases")
     args = parser.parse_args(argv)
     rows, ok = [], True
-    for name, model, cluster, nodes, kwargs, metric, target in CASES:
+    for name, model, cluster, nodes, kwargs, metric, target in (
+            CASES if args.only != "screen" else []):
         row = {"case": name, **run_case(model, cluster, nodes, kwargs), "metric": metric,
                "target": target}
         row["pass"] = (row[metric] >= target if metric == "candidates_per_s"
@@ -84,8 +140,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"best {row['best']} MFU {100 * (row['best_mfu'] or 0):.1f}%; target "
                   f"{metric} {'>=' if metric == 'candidates_per_s' else '<='} {target:g}: "
                   f"{'PASS' if row['pass'] else 'FAIL'}", flush=True)
+    screens = []
+    for name, model, cluster, nodes, gb, target in (
+            SCREEN_CASES if args.only != "search" else []):
+        row = {"case": name, **screen_case(model, cluster, nodes, gb), "target": target}
+        row["pass"] = row["top_equal"] and (
+            target is None or row["new"]["candidates_per_cpu_s"] >= target)
+        ok &= row["pass"]
+        screens.append(row)
+        if not args.json:
+            print(_screen_line(name, row), flush=True)
     if args.json:
-        print(json.dumps({"cpu_count": os.cpu_count(), "cases": rows}))
+        print(json.dumps({"cpu_count": os.cpu_count(), "cases": rows, "screens": screens}))
     return 0 if ok else 1
 
 

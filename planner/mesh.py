@@ -58,12 +58,21 @@ def mesh_strides(plan: Plan) -> dict[str, int]:
     >>> mesh_strides(Plan(tp=8, cp=2, pp=4, dp=2, micro_batch=1, global_batch=8))
     {'pp': 32, 'dp': 16, 'cp': 8, 'tp': 1}
     """
-    dims = mesh_dims(plan, keep_unit_cp=True)
-    strides, stride = {}, 1
-    for axis in reversed(dims):                    # innermost first
-        strides[axis] = stride
-        stride *= getattr(plan, axis)
-    return {axis: strides[axis] for axis in AXES}
+    key = (plan.placement, plan.pp, plan.dp, plan.cp, plan.tp)
+    found = _STRIDES.get(key)
+    if found is None:
+        dims = mesh_dims(plan, keep_unit_cp=True)
+        strides, stride = {}, 1
+        for axis in reversed(dims):                    # innermost first
+            strides[axis] = stride
+            stride *= getattr(plan, axis)
+        found = _STRIDES[key] = {axis: strides[axis] for axis in AXES}
+    return dict(found)
+
+
+#: `mesh_strides` per (placement, pp, dp, cp, tp): the planner asks for the same few layouts
+#: hundreds of thousands of times.
+_STRIDES: dict[tuple, dict[str, int]] = {}
 
 
 def _check_rank(plan: Plan, rank: int) -> None:

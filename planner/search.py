@@ -21,8 +21,8 @@ from planner.precision import search_dtypes
 from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import ModelSpec, Plan, PlanError
 from simulator.network.cluster import Cluster
-from simulator.step.costs import DEFAULT_OPTIONS
-from simulator.step.memory import MemoryBreakdown, memory_per_stage
+from simulator.step.costs import DEFAULT_OPTIONS, step_lower_bound_s
+from simulator.step.memory import MemoryBreakdown, worst_stage_memory
 from simulator.step.simulate import StepPrediction, estimate, simulate
 
 RANKED_COLUMNS = ["id", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "recompute",
@@ -88,9 +88,7 @@ def memory_reason(need: MemoryBreakdown, stage: int, limit_bytes: float) -> str:
 
 def worst_stage(model: ModelSpec, plan: Plan) -> tuple[int, MemoryBreakdown]:
     """(stage, breakdown) of the pipeline stage that needs the most memory."""
-    stages = memory_per_stage(model, plan, attention=DEFAULT_OPTIONS.attention)
-    worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
-    return worst, stages[worst]
+    return worst_stage_memory(model, plan, attention=DEFAULT_OPTIONS.attention)
 
 
 def out_of_memory_reason(model: ModelSpec, plan: Plan, cluster: Cluster,
@@ -164,16 +162,17 @@ def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
 
 def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_batch: int,
            num_devices: int | None, max_devices: int | None, memory_headroom: float,
-           dtype: str, overlap_dp: bool = False):
+           dtype: str, overlap_dp: bool = False, prune: int | None = None):
     """The analytical tier: ``(screened, rejected, closest, candidates)``.
 
-    screened: ``(plan, estimate)`` of every legal plan that fits; rejected: rows with reasons;
+    screened: ``(plan, estimate)`` of every legal plan that fits (with ``prune``, of those
+    `prune_by_bound` costs), in enumeration order; rejected: rows with reasons;
     closest: the `CLOSEST_KEPT` out-of-memory plans that need least, as ``(need_bytes, id,
     plan, stage, breakdown)``; candidates: plans plus rejected branches seen.
     """
     limit = cluster.device.memory_bytes * memory_headroom
     rejected: list[dict] = []
-    screened: list[tuple[Plan, StepPrediction]] = []
+    fitting: list[Plan] = []
     closest: list[tuple] = []
     memo: dict[tuple, tuple[int, MemoryBreakdown]] = {}
     candidates = 0
@@ -197,9 +196,46 @@ def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_bat
             elif entry > closest[0]:
                 heapq.heapreplace(closest, entry)
             continue
-        screened.append((item, estimate(model, item, cluster, overlap_dp=overlap_dp)))
+        fitting.append(item)
     closest = [(-e[0], *e[1:]) for e in sorted(closest, reverse=True)]
+    if prune is None:
+        screened = [(p, estimate(model, p, cluster, overlap_dp=overlap_dp)) for p in fitting]
+    else:
+        screened = prune_by_bound(model, cluster, fitting, prune, overlap_dp)
     return screened, rejected, closest, candidates
+
+
+def prune_by_bound(model: ModelSpec, cluster: Cluster, plans: list[Plan], keep: int,
+                   overlap_dp: bool = False) -> list[tuple[Plan, StepPrediction]]:
+    """``(plan, estimate)`` of the plans that can be among the ``keep`` fastest, in the order
+    of ``plans``: branch and bound on the step time.
+
+    Every plan gets its compute-only lower bound (`simulator.step.costs.step_lower_bound_s`,
+    no communication); plans are costed in order of that bound, and once ``keep`` estimates
+    are known, a plan whose bound exceeds the ``keep``-th best step time (with a 1e-9
+    relative margin for rounding) is never costed, nor is any after it. The plans of one
+    search share the global batch, so a slower step is a lower tokens/s: the ``keep`` best
+    estimates, and their order, are those of costing every plan.
+
+    Raises:
+        PlanError: ``keep`` < 1.
+    """
+    if keep < 1:
+        raise PlanError(f"prune={keep} must be >= 1 (plans kept by the bound); leave it unset "
+                        f"to cost every plan")
+    bounds = sorted((step_lower_bound_s(model, p, cluster), i) for i, p in enumerate(plans))
+    best: list[float] = []  # max-heap (negated) of the `keep` best step times so far
+    costed: list[tuple[int, StepPrediction]] = []
+    for bound, i in bounds:
+        if len(best) == keep and bound > -best[0] * (1 + 1e-9):
+            break
+        pred = estimate(model, plans[i], cluster, overlap_dp=overlap_dp)
+        costed.append((i, pred))
+        if len(best) < keep:
+            heapq.heappush(best, -pred.step_time_s)
+        elif pred.step_time_s < -best[0]:
+            heapq.heapreplace(best, -pred.step_time_s)
+    return [(plans[i], pred) for i, pred in sorted(costed, key=lambda c: c[0])]
 
 
 def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPrediction]],
@@ -234,7 +270,8 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
            max_devices: int | None = None, top_k: int = 20, memory_headroom: float = 0.95,
            dtype: str | None = None, micro_batches: tuple[int, ...] | None = None,
            recompute: tuple[str, ...] | None = None, space: SearchSpace | None = None,
-           overlap_dp: bool = False, explain: bool = True) -> SearchResult:
+           overlap_dp: bool = False, explain: bool = True,
+           prune: int | None = None) -> SearchResult:
     """Search every plan of ``space`` for ``model`` on ``cluster``; rank by predicted tokens/s.
 
     Args:
@@ -250,6 +287,10 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
         space: allowed values per plan field (`SearchSpace`; default: every legal value).
         overlap_dp: overlap the DP gradient reduction with the last backward in both tiers.
         explain: when nothing fits, work out the closest plans and the blocking constraint.
+        prune: cost only the plans that can be among the ``prune`` fastest estimates
+            (`prune_by_bound`; at least (1 + `EXTRA_REFINE`) × ``top_k`` are kept so the
+            SimPy tier sees the same candidates); the ranked table then holds the plans
+            costed, and ``stats["pruned"]`` counts the others. None: cost every plan.
     Returns:
         A `SearchResult`; its ``ranked`` table is sorted best first.
     Raises:
@@ -257,6 +298,10 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
             cannot run (`planner.precision.unsupported_dtype_reason`).
     """
     gb = resolve_global_batch(model, global_batch, global_batch_tokens)
+    if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int)
+                              or prune < 1):
+        raise PlanError(f"prune={prune!r} must be an integer >= 1 (plans kept by the bound); "
+                        f"leave it unset to cost every plan")
     if not 0 < memory_headroom <= 1:
         raise PlanError(f"memory_headroom={memory_headroom} must be in (0, 1]")
     exact, most = _device_bounds(cluster, num_devices, max_devices)
@@ -265,11 +310,13 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
                            cluster.device.peak_flops)
     dtype = dtypes[0]
     t0, c0 = time.perf_counter(), time.process_time()
+    keep = None if prune is None else max(prune, (1 + EXTRA_REFINE) * top_k)
     screened, rejected, closest, candidates = [], [], [], 0
     for dt in dtypes:   # `--dtype any`: every precision the device runs, ranked together
+        # (with ``prune``, the best of all dtypes are among the best of each)
         s_dt, r_dt, c_dt, n_dt = screen(
             model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
-            memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp)
+            memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp, prune=keep)
         screened, rejected, candidates = screened + s_dt, rejected + r_dt, candidates + n_dt
         closest = sorted(closest + c_dt, key=lambda e: e[0])[:CLOSEST_KEPT]
     t1, c1 = time.perf_counter(), time.process_time()
@@ -300,6 +347,7 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
             memory_headroom=memory_headroom, dtype=dtype, closest=closest,
             rejected=rejected_df)
     stats = {"candidates": candidates, "estimated": len(screened),
+             "pruned": candidates - len(rejected) - len(screened),
              "simulated": len(refined), "rejected": len(rejected),
              "analytical_s": t1 - t0, "simulation_s": t2 - t1, "analytical_cpu_s": c1 - c0,
              "total_s": time.perf_counter() - t0}

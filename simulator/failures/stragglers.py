@@ -150,44 +150,57 @@ def simulate_with_stragglers(costs: list[StageCosts], plan: Plan,
     Raises:
         PlanError: a straggler rank that does not exist or a factor below 1.
     """
-    profiles = replica_profiles(plan, stragglers)
+    replicas = {p: slowed_costs(costs, p, plan.schedule)
+                for p in replica_profiles(plan, stragglers)}
+    return simulate_replicas(replicas, costs, plan, trace=trace, overlap_dp=overlap_dp)
+
+
+def simulate_replicas(replicas: Mapping[object, list[StageCosts]], tail: list[StageCosts],
+                      plan: Plan, *, trace: bool = False,
+                      overlap_dp: bool = False) -> PipelineResult:
+    """SimPy step over the distinct DP replicas ``replicas`` (key -> that replica's pp·v
+    `StageCosts`, its compute and communication already slowed), synchronised at each
+    stage's gradient reduction, whose times (``dp_comm_s``, ``dp_buckets``,
+    ``dp_gather_s``) come from ``tail[s]`` (one collective over every replica); each replica
+    runs its own optimizer (``optimizer_s`` of its entry s). See `simulate_with_stragglers`.
+    """
     pp = plan.pp
-    runs = {p: _backward_ends(slowed_costs(costs, p, plan.schedule), plan) for p in profiles}
+    runs = {k: _backward_ends(rc, plan) for k, rc in replicas.items()}
     log: list | None = [] if trace else None
-    finish: dict[tuple[tuple[float, ...], int], float] = {}
+    finish: dict[tuple[object, int], float] = {}
     tails: dict[int, tuple[float, float, float]] = {}   # stage -> (reduce end, last bwd, opt)
     for s in range(pp):
-        c = costs[s]
-        t_b = {p: (c.bwd_compute_s * p[s] + c.bwd_comm_s) for p in profiles}
-        replicas = [(runs[p][0][s], t_b[p]) for p in profiles]
-        reduce_end = _reduce_end(c, replicas, overlap_dp, log, s)
-        opt_end = {p: reduce_end + c.optimizer_s * p[s] for p in profiles}
+        c = tail[s]
+        ends = [(runs[k][0][s], rc[s].bwd_compute_s + rc[s].bwd_comm_s)
+                for k, rc in replicas.items()]
+        reduce_end = _reduce_end(c, ends, overlap_dp, log, s)
+        opt_end = {k: reduce_end + rc[s].optimizer_s for k, rc in replicas.items()}
         slowest = max(opt_end.values())
-        for p in profiles:
-            finish[(p, s)] = slowest + c.dp_gather_s if c.dp_gather_s > 0 else opt_end[p]
-        tails[s] = (reduce_end, max(end for end, _ in replicas), slowest)
+        for k in replicas:
+            finish[(k, s)] = slowest + c.dp_gather_s if c.dp_gather_s > 0 else opt_end[k]
+        tails[s] = (reduce_end, max(end for end, _ in ends), slowest)
 
     def busy(key):
-        p, s = key
-        b = runs[p][1][s]
+        k, s = key
+        b = runs[k][1][s]
         return b["compute"] + b["comm"]
 
-    crit_p, crit_s = max(finish, key=lambda k: (finish[k], busy(k)))
-    c, b = costs[crit_s], runs[crit_p][1][crit_s]
+    crit_k, crit_s = max(finish, key=lambda k: (finish[k], busy(k)))
+    c, b = tail[crit_s], runs[crit_k][1][crit_s]
     reduce_end, last_bwd, _ = tails[crit_s]
     exposed_dp = c.dp_comm_s if not overlap_dp else reduce_end - last_bwd
-    compute = b["compute"] + c.optimizer_s * crit_p[crit_s]
+    compute = b["compute"] + replicas[crit_k][crit_s].optimizer_s
     comm = b["comm"] + exposed_dp + c.dp_gather_s
     events: list[tuple] = []
     if trace:
         for s in range(pp):
-            c_s, end = costs[s], tails[s][0]
-            opt = c_s.optimizer_s * crit_p[s]
+            end = tails[s][0]
+            opt = replicas[crit_k][s].optimizer_s
             if opt > 0:
                 log.append((s, "compute", "optimizer", end, end + opt))
-            if c_s.dp_gather_s > 0:
-                log.append((s, "comm", "dp-weight-gather", tails[s][2], finish[(crit_p, s)]))
-        events = sorted(runs[crit_p][2] + log, key=lambda e: (e[3], e[0]))
+            if tail[s].dp_gather_s > 0:
+                log.append((s, "comm", "dp-weight-gather", tails[s][2], finish[(crit_k, s)]))
+        events = sorted(runs[crit_k][2] + log, key=lambda e: (e[3], e[0]))
     return PipelineResult(step_time_s=max(finish.values()), compute_s=compute, comm_s=comm,
                           critical_stage=crit_s, events=events)
 
@@ -210,7 +223,22 @@ def estimate_with_stragglers(costs: list[StageCosts], plan: Plan,
         return max(estimate_zero_bubble(slowed_costs(costs, p, plan.schedule), plan.schedule,
                                         plan.num_microbatches, overlap_dp, plan.virtual_stages)
                    for p in replica_profiles(plan, stragglers))
-    results = [estimate_pipeline(slowed_costs(costs, p), plan.num_microbatches, overlap_dp,
-                                 plan.virtual_stages)
-               for p in replica_profiles(plan, stragglers)]
+    replicas = [slowed_costs(costs, p, plan.schedule) for p in replica_profiles(plan, stragglers)]
+    return estimate_replicas(replicas, costs, plan, overlap_dp=overlap_dp)
+
+
+def estimate_replicas(replicas: list[list[StageCosts]], tail: list[StageCosts], plan: Plan,
+                      *, overlap_dp: bool = False) -> tuple[float, float, float]:
+    """Closed form of `simulate_replicas`: the slowest replica's
+    `simulator.step.pipeline.estimate_pipeline`, each replica's stage s reducing with
+    ``tail[s]``'s DP times."""
+    pp = plan.pp
+    results = []
+    for rc in replicas:
+        own = [dataclasses.replace(c, dp_comm_s=tail[g].dp_comm_s,
+                                   dp_buckets=tail[g].dp_buckets,
+                                   dp_gather_s=tail[g].dp_gather_s)
+               if g < pp and c is not tail[g] else c for g, c in enumerate(rc)]
+        results.append(estimate_pipeline(own, plan.num_microbatches, overlap_dp,
+                                         plan.virtual_stages))
     return max(results)

@@ -165,6 +165,9 @@ class Cluster:
     _links: dict = field(default_factory=dict, compare=False, repr=False)
     #: compute trays per node (18 in an NVL72 rack, 1 in an 8-GPU server).
     compute_trays: int = 1
+    #: cap on the bandwidth of every path that leaves a node (a NIC below its line rate;
+    #: `simulator.failures.slow_links`); inf: none.
+    nic_cap_Bps: float = math.inf
 
     @property
     def nvlink_domain_size(self) -> int:
@@ -233,7 +236,8 @@ class Cluster:
                 path = nx.bidirectional_shortest_path(self.graph, self.device_key(i),
                                                       self.device_key(j))
                 edges = [self.graph.edges[a, b] for a, b in pairwise(path)]
-                self._links[key] = Link(min(e["bandwidth_Bps"] for e in edges),
+                bw = min(e["bandwidth_Bps"] for e in edges)
+                self._links[key] = Link(bw if key == ("node",) else min(bw, self.nic_cap_Bps),
                                         sum(e["latency_s"] for e in edges), len(edges))
         return self._links[key]
 

@@ -14,13 +14,17 @@ bottleneck of the group's share of each resource it crosses: the GPU's NVLink / 
 NICs of its node (inter-node traffic spread over the NICs the group's members own, as NCCL's
 channels do), the leaf uplinks (ECMP spreads flows evenly over the spines) and, in three tiers,
 the pod uplinks; with ``concurrent=True`` all groups of the same shape run at once and share
-them. Identical groups are costed once (cached per group shape).
+them. Identical groups are costed once: the routed shape of a group is cached per layout
+class (the offsets of its members from its first, which with ``concurrent=True`` fix every
+sibling group), and each cost per (kind, bytes, layout class, algorithm), both on the cluster;
+`cost_memo` turns the second cache off to compare against the uncached path.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +39,33 @@ Collective = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all",
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
                "send_recv")
 ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "pairwise", "p2p")
+#: Whether collective and P2P costs are memoised per cluster (see `cost_memo`).
+_MEMO = {"on": True}
+
+
+@contextmanager
+def cost_memo(enabled: bool) -> Iterator[None]:
+    """Turn the per-cluster memo of collective and pipeline-P2P costs on or off inside a
+    ``with`` block (off: every call is costed afresh, as a reference for the memoised path;
+    both give the same numbers). The routed group shapes stay cached either way.
+
+    >>> with cost_memo(False):
+    ...     memo_enabled()
+    False
+    >>> memo_enabled()
+    True
+    """
+    before = _MEMO["on"]
+    _MEMO["on"] = enabled
+    try:
+        yield
+    finally:
+        _MEMO["on"] = before
+
+
+def memo_enabled() -> bool:
+    """Whether `cost_memo` is on (the default)."""
+    return _MEMO["on"]
 
 
 def ring_allreduce_time_s(size_bytes: float, n: int, bandwidth_Bps: float,
@@ -298,9 +329,22 @@ class _Shape:
     a2a_inter_inv: float
 
 
+def _layout_class(devices: Sequence[int], concurrent: bool) -> tuple:
+    # What a group's cost depends on besides kind and bytes. Concurrent groups tile the
+    # cluster from device 0 (`concurrent_groups`), so only the members' offsets from the
+    # first matter: a stride and a length for a range; alone, the devices themselves.
+    if isinstance(devices, range):
+        if concurrent and devices.step > 0 and len(devices) > 1:
+            return ("stride", devices.step, len(devices))
+        return ("range", devices.start, devices.step, len(devices), concurrent)
+    if concurrent and len(devices) > 1:
+        low = min(devices)
+        return ("offsets", *(d - low for d in devices))
+    return ("alone", *devices)
+
+
 def _shape(cluster: Cluster, devices: Sequence[int], concurrent: bool) -> _Shape:
-    key = ("shape", (devices.start, devices.step, len(devices))
-           if isinstance(devices, range) else tuple(devices), concurrent)
+    key = ("shape", _layout_class(devices, concurrent))
     if key in cluster._links:
         return cluster._links[key]
     rows = np.sort(concurrent_groups(cluster, devices, concurrent), axis=1)
@@ -408,9 +452,32 @@ def collective_cost(cluster: Cluster, kind: Collective, size_bytes: float,
                               algorithm="none", protocol="none")
     if cluster.collective_bandwidth_Bps is not None:
         return _override_cost(cluster, kind, size_bytes, devices)
-    if min(devices) < 0 or max(devices) >= cluster.num_devices:
-        raise PlanError(f"devices {min(devices)}..{max(devices)} are outside [0, "
+    low, high = _bounds(devices)
+    if low < 0 or high >= cluster.num_devices:
+        raise PlanError(f"devices {low}..{high} are outside [0, "
                         f"{cluster.num_devices}) of cluster {cluster.name!r}")
+    if not _MEMO["on"]:
+        return _routed_cost(cluster, kind, size_bytes, devices, concurrent, algorithm)
+    memo = cluster._links.setdefault("costs", {})
+    key = (kind, size_bytes, _layout_class(devices, concurrent), algorithm)
+    cost = memo.get(key)
+    if cost is None:
+        cost = memo[key] = _routed_cost(cluster, kind, size_bytes, devices, concurrent,
+                                        algorithm)
+    return cost
+
+
+def _bounds(devices: Sequence[int]) -> tuple[int, int]:
+    # (lowest, highest) device; O(1) for a range.
+    if isinstance(devices, range):
+        return min(devices[0], devices[-1]), max(devices[0], devices[-1])
+    return min(devices), max(devices)
+
+
+def _routed_cost(cluster: Cluster, kind: str, size_bytes: float, devices: Sequence[int],
+                 concurrent: bool, algorithm: str) -> CollectiveCost:
+    # Every applicable algorithm on the group's routed shape; the fastest, or the one named.
+    n = len(devices)
     options = _candidates(cluster, kind, size_bytes, _shape(cluster, devices, concurrent))
     if algorithm != "auto":
         chosen = {k: v for k, v in options.items() if algorithm in (k, k.split("/")[0])}
@@ -479,18 +546,53 @@ def p2p_boundary_time_s(cluster: Cluster, plan: Plan, size_bytes: float, src: in
     >>> p2p_boundary_time_s(c, p, 1e6, 0, 8) == p2p_time_on_cluster_s(c, 1e6, 0, 8)
     True
     """
-    base = p2p_time_on_cluster_s(cluster, size_bytes, src, dst)
+    if src == dst or size_bytes <= 0:
+        return 0.0
+    return boundary_send_time_s(cluster, size_bytes, src, dst, pp_stride=mesh_strides(plan)["pp"],
+                                pp=plan.pp)
+
+
+def boundary_send_time_s(cluster: Cluster, size_bytes: float, src: int, dst: int, *,
+                         pp_stride: int, pp: int) -> float:
+    """`p2p_boundary_time_s` for a pipeline of ``pp`` stages whose stage s starts at device
+    s · ``pp_stride`` (what it reads of the plan).
+
+    >>> from simulator.network.cluster import load_cluster
+    >>> c = load_cluster("dgx-a100", nodes=2)
+    >>> p = Plan(tp=8, pp=2, dp=1, micro_batch=1, global_batch=8)
+    >>> boundary_send_time_s(c, 1e6, 0, 8, pp_stride=8, pp=2) == p2p_boundary_time_s(c, p, 1e6,
+    ...                                                                              0, 8)
+    True
+    """
+    if src == dst or size_bytes <= 0:
+        return 0.0
+    if not _MEMO["on"]:
+        flows, link = _boundary_flows(cluster, pp_stride, pp, src, dst)
+    else:
+        # The flows depend on the pipeline layout and the two devices, not on the bytes.
+        memo = cluster._links.setdefault("p2p", {})
+        key = (pp_stride, pp, src, dst)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = _boundary_flows(cluster, pp_stride, pp, src, dst)
+        flows, link = found
+    return p2p_time_s(flows * size_bytes, link.bandwidth_Bps, link.latency_s)
+
+
+def _boundary_flows(cluster: Cluster, stride: int, pp: int, src: int, dst: int):
+    # (k, link) of `p2p_boundary_time_s`: k = 1 inside a node or without NICs, else the
+    # concurrent same-stage flows that leave src's node through src's NIC (at least 1).
+    link = cluster.link(src, dst)
     node = cluster.node_of(src)
-    if base == 0.0 or node == cluster.node_of(dst) or cluster.nics_per_node == 0:
-        return base
-    stride, delta = mesh_strides(plan)["pp"], dst - src
-    stage = (src // stride) % plan.pp
+    if node == cluster.node_of(dst) or cluster.nics_per_node == 0:
+        return 1, link
+    delta = dst - src
+    stage = (src // stride) % pp
     nic, flows = cluster.nic_of(src), 0
     first = node * cluster.devices_per_node
     for d in range(first, min(first + cluster.devices_per_node, cluster.num_devices)):
         peer = d + delta
-        if ((d // stride) % plan.pp == stage and 0 <= peer < cluster.num_devices
+        if ((d // stride) % pp == stage and 0 <= peer < cluster.num_devices
                 and cluster.node_of(peer) != node and cluster.nic_of(d) == nic):
             flows += 1
-    link = cluster.link(src, dst)
-    return p2p_time_s(max(1, flows) * size_bytes, link.bandwidth_Bps, link.latency_s)
+    return max(1, flows), link

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides, rank_chunks
+from planner.mesh import chunk_rank, expert_group_ranks, group_ranks, mesh_strides
 from planner.precision import (
     LINEAR_GEMMS,
     block_scaled_device,
@@ -37,8 +37,9 @@ from planner.spec import (
 )
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
+    boundary_send_time_s,
     collective_time_s,
-    p2p_boundary_time_s,
+    memo_enabled,
     p2p_time_on_cluster_s,
 )
 from simulator.step.compute import (
@@ -49,7 +50,7 @@ from simulator.step.compute import (
     load_efficiency,
 )
 from simulator.step.cpu_model import cpu_stage_costs
-from simulator.step.memory import optimizer_bytes_per_param, stage_param_split
+from simulator.step.memory import optimizer_bytes_per_param, stage_param_split, stage_param_splits
 from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 from simulator.step.zero_bubble import split_backward
@@ -207,7 +208,6 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm) of one micro-batch of a
     # chunk of ``layers`` blocks on pipeline rank ``rank``; ``moe_comm`` is the exposed
     # expert all-to-all per block (`simulator.step.moe.chunk_moe_terms`).
-    e_fwd, e_bwd, e_host = edge
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
     z_fwd, z_bwd = _zero3_layer_comm(model, plan, cluster, rank, options)
@@ -239,12 +239,84 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
         fwd_comm, bwd_comm = fwd_comm + z_fwd, bwd_comm + z_bwd
     # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
     # so only device + comm beyond the host time is exposed communication.
-    dev_f, dev_b = layers * fwd_dev + e_fwd, layers * bwd_dev + e_bwd
-    fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
-    bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
+    fwd, bwd, dev_f, dev_b = _chunk_compute(plan, layers, lc, edge, host_re)
     amax_f, amax_b = amax_allreduce_s(plan, cluster, rank, layers)
     return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd) + amax_f,
             max(0.0, dev_b + layers * bwd_comm - bwd) + amax_b)
+
+
+def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
+                   host_re: float) -> tuple[float, float, float, float]:
+    # (fwd, bwd, fwd device, bwd device) seconds of one micro-batch of a chunk: a pass takes
+    # max(device time, host launch time).
+    e_fwd, e_bwd, e_host = edge
+    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
+    dev_f, dev_b = layers * lc.fwd_s + e_fwd, layers * (lc.bwd_s + recompute) + e_bwd
+    fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
+    bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)
+    return fwd, bwd, dev_f, dev_b
+
+
+def _compute_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
+    # (efficiency, device, layer compute, host recompute s) shared by every chunk of a plan;
+    # memoised on the cluster per (model, options) object and the fields it reads (the
+    # objects are kept with the entry, so their ids stay theirs).
+    if not memo_enabled():
+        return _fresh_setup(model, plan, cluster, options)
+    memo = cluster._links.setdefault("setup", {})
+    key = (id(model), id(options), plan.micro_batch, plan.tp, plan.sequence_parallel,
+           plan.dtype, plan.cp, plan.recompute)
+    hit = memo.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not options:
+        hit = memo[key] = (model, options, *_fresh_setup(model, plan, cluster, options))
+    return hit[2:]
+
+
+def _fresh_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
+    eff, dev = _efficiency(cluster, options), _device(cluster)
+    lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
+                       options.attention, plan.dtype, dev, eff, plan.cp)
+    host_re = {"full": lc.host_fwd_s, "none": 0.0,
+               "selective": eff.host_op_s * 4}[plan.recompute]
+    return eff, dev, lc, host_re
+
+
+def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
+                       options: SimOptions = DEFAULT_OPTIONS) -> float:
+    """A compute-only lower bound of the closed-form step time
+    (`simulator.step.pipeline.estimate_pipeline` over `stage_costs`), in seconds.
+
+    With C_r = the forward + backward compute of one micro-batch on pipeline rank r (its
+    chunks summed, no communication): ``m·max_r C_r + (Σ_r C_r − max_r C_r)/v``. The closed
+    form is the same expression over C_r plus each chunk's exposed communication, plus P2P
+    and the DP / optimizer tail, all ≥ 0; the expression grows with every C_r (its slope is
+    m − 1/v + 1/v ≥ 0 in the largest and 1/v in the others), so it is never above the step.
+    0 (no bound) where the step has another closed form or other compute terms: zero-bubble
+    schedules (`simulator.step.zero_bubble`), MoE and MLA models (`simulator.step.moe`), and
+    a calibrated CPU cluster (measured tables).
+
+    Raises:
+        PlanError: as `stage_costs`.
+    """
+    check_plan(model, plan)
+    check_cluster(plan, cluster)
+    if (cluster.cpu_profile is not None and plan.cp == 1) or model.is_moe or model.is_mla \
+            or plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        return 0.0
+    eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
+    chunks = plan.layers_per_stage(model)
+    pp, work, seen = plan.pp, [0.0] * plan.pp, {}
+    for g, layers in enumerate(chunks):
+        first, last = g == 0, g == len(chunks) - 1
+        key = (layers, first, last)
+        if key not in seen:
+            edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff,
+                                first=first, last=last, cp=plan.cp)
+            fwd, bwd, _, _ = _chunk_compute(plan, layers, lc, edge, host_re)
+            seen[key] = fwd + bwd
+        work[g % pp] += seen[key]
+    busiest = max(work)
+    return plan.num_microbatches * busiest + (sum(work) - busiest) / plan.virtual_stages
 
 
 def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:
@@ -313,11 +385,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
             return _with_wgrad(calibrated, model, plan, cluster, options)
-    eff, dev = _efficiency(cluster, options), _device(cluster)
-    lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                       options.attention, plan.dtype, dev, eff, plan.cp)
-    host_re = {"full": lc.host_fwd_s, "none": 0.0,
-               "selective": eff.host_op_s * 4}[plan.recompute]
+    eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     bandwidth = dev.memory_bandwidth_Bps * eff.memory_fraction
     act_bytes = plan.micro_batch * model.seq_len // plan.cp * model.hidden \
         * DTYPE_BYTES[plan.dtype]
@@ -326,41 +394,88 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     p2p_bytes = act_bytes / plan.tp if options.p2p_scatter_gather else act_bytes
     pp, stride = plan.pp, mesh_strides(plan)["pp"]
     chunks = plan.layers_per_stage(model)
+    # Chunks of one plan differ only by their layers, their edges (embedding, logits) and,
+    # with cp > 1, the devices of their CP ring (MoE and MLA chunks also by their index):
+    # the TP, ZeRO-3 and DP groups are concurrent ranges, costed by stride and size alone
+    # (`simulator.network.collectives`). So equal chunks, equal DP tails and equal entries
+    # are costed once (unless the cost memo is off).
+    memo: dict | None = {} if memo_enabled() else None
+    by_index = model.is_moe or model.is_mla
+    held = [0] * pp  # blocks each rank holds (all its chunks)
+    for g, layers in enumerate(chunks):
+        held[chunk_rank(plan.schedule, pp, g)] += layers
+    splits = None if model.is_moe else stage_param_splits(model, plan)
     out = []
     for g, layers in enumerate(chunks):
         rank = chunk_rank(plan.schedule, pp, g)
-        e_fwd, e_bwd, e_host = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev,
-                                            eff, first=g == 0, last=g == len(chunks) - 1,
-                                            cp=plan.cp)
-        lc_g, moe_comm = lc, (0.0, 0.0)
-        if model.is_moe or model.is_mla:
-            lc_g, *moe_comm = chunk_moe_terms(
-                model, plan, cluster, g, rank, options.attention, dev, eff,
-                imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
-                overlap=options.moe_a2a_overlap)
-        fwd, bwd, fwd_comm, bwd_comm = _chunk_times(
-            model, plan, cluster, options, rank, layers, lc_g, (e_fwd, e_bwd, e_host),
-            host_re, tuple(moe_comm))
+        first, last = g == 0, g == len(chunks) - 1
+        key = (layers, first, last, rank if plan.cp > 1 else -1, g if by_index else -1)
+        times = None if memo is None else memo.get(key)
+        if times is None:
+            times = _chunk_entry(model, plan, cluster, options, g, rank, layers, lc, dev, eff,
+                                 host_re)
+            if memo is not None:
+                memo[key] = times
+        fwd, bwd, fwd_comm, bwd_comm = times
         src = rank * stride
         nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
         prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
-        tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options) \
-            if g < pp else {}
-        if tail:
-            held = sum(chunks[c] for c in rank_chunks(plan, rank))
-            tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
-        if tail and options.overlap_param_gather:
-            tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
+        tail = _tail(model, plan, cluster, rank, bandwidth, options, (
+            splits[rank] if splits else stage_param_split(model, plan, rank), held[rank]),
+            dev, fwd, memo) if g < pp else {}
         extra = options.p2p_overhead_s
-        p2p_f = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, nxt) + extra \
-            if g < len(chunks) - 1 else 0.0
-        p2p_b = p2p_boundary_time_s(cluster, plan, p2p_bytes, src, prv) + extra if g > 0 else 0.0
+        p2p_f = boundary_send_time_s(cluster, p2p_bytes, src, nxt, pp_stride=stride, pp=pp) \
+            + extra if g < len(chunks) - 1 else 0.0
+        p2p_b = boundary_send_time_s(cluster, p2p_bytes, src, prv, pp_stride=stride, pp=pp) \
+            + extra if g > 0 else 0.0
         block_f, block_b = (p2p_f, p2p_b) if options.blocking_p2p else (0.0, 0.0)
-        out.append(StageCosts(
-            fwd_compute_s=fwd, bwd_compute_s=bwd,
-            fwd_comm_s=fwd_comm + block_f, bwd_comm_s=bwd_comm + block_b,
-            p2p_fwd_s=p2p_f - block_f, p2p_bwd_s=p2p_b - block_b, **tail))
+        fields = (fwd, bwd, fwd_comm + block_f, bwd_comm + block_b, p2p_f - block_f,
+                  p2p_b - block_b)
+        entry = None if tail or memo is None else memo.get(fields)  # equal entries: one object
+        if entry is None:
+            entry = StageCosts(fwd_compute_s=fields[0], bwd_compute_s=fields[1],
+                               fwd_comm_s=fields[2], bwd_comm_s=fields[3],
+                               p2p_fwd_s=fields[4], p2p_bwd_s=fields[5], **tail)
+            if not tail and memo is not None:
+                memo[fields] = entry
+        out.append(entry)
     return _with_wgrad(out, model, plan, cluster, options)
+
+
+def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions, g: int,
+                 rank: int, layers: int, lc: LayerCompute, dev, eff: Efficiency,
+                 host_re: float) -> tuple[float, float, float, float]:
+    # `_chunk_times` of chunk g, with its edges and, for MoE / MLA, its own block costs.
+    edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff, first=g == 0,
+                        last=g == plan.pp * plan.virtual_stages - 1, cp=plan.cp)
+    lc_g, moe_comm = lc, (0.0, 0.0)
+    if model.is_moe or model.is_mla:
+        lc_g, *moe_comm = chunk_moe_terms(
+            model, plan, cluster, g, rank, options.attention, dev, eff,
+            imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
+            overlap=options.moe_a2a_overlap)
+    return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
+                        tuple(moe_comm))
+
+
+def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: float,
+          options: SimOptions, holds: tuple[tuple[float, float], int], dev, fwd: float,
+          memo: dict | None) -> dict:
+    # A rank's once-per-step DP reduction, weight gather, optimizer and weight casts
+    # (`_dp_and_optimizer`, `weight_cast_s`); ``holds``: its (dense, expert) parameters and
+    # blocks. Its DP and expert-DP groups are concurrent groups of one shape for every
+    # rank, so ranks with equal parameters, blocks and forward time have equal tails.
+    held = holds[1]
+    key = ("tail", holds, fwd)
+    if memo is not None and key in memo:
+        return dict(memo[key])
+    tail = _dp_and_optimizer(model, plan, cluster, rank, bandwidth, options)
+    tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
+    if options.overlap_param_gather:
+        tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
+    if memo is not None:
+        memo[key] = dict(tail)
+    return tail
 
 
 def _with_wgrad(costs: list[StageCosts], model: ModelSpec, plan: Plan, cluster: Cluster,

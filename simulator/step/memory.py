@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.mesh import rank_chunks
+from planner.mesh import chunk_rank, rank_chunks
 from planner.precision import recipe, storage_dtype, weight_cache_bytes_per_param
-from planner.spec import DTYPE_BYTES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
+from planner.spec import DTYPE_BYTES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 from simulator.step.zb_orders import peak_in_flight, rank_order
 
 
@@ -48,8 +48,13 @@ def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
     ...     global_batch=8, dtype="fp32", schedule="interleaved-1f1b", virtual_stages=2), 1)
     787456.0
     """
-    sizes = plan.layers_per_stage(model)
-    params = sizes[chunk] * model.layer_params() / plan.tp
+    return _chunk_params(model, plan, chunk, plan.layers_per_stage(model), model.layer_params())
+
+
+def _chunk_params(model: ModelSpec, plan: Plan, chunk: int, sizes: tuple[int, ...],
+                  layer: int) -> float:
+    # `chunk_params` with the chunk sizes and one block's parameters already known.
+    params = sizes[chunk] * layer / plan.tp
     if chunk == 0:
         params += model.embedding_params() / plan.tp
     if chunk == len(sizes) - 1:
@@ -62,7 +67,41 @@ def chunk_params(model: ModelSpec, plan: Plan, chunk: int) -> float:
 def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     """Parameters one TP rank of pipeline ``stage`` holds (before ZeRO sharding): the sum of
     its chunks' `chunk_params` (one chunk unless interleaved; `planner.mesh.rank_chunks`)."""
-    return sum(chunk_params(model, plan, c) for c in rank_chunks(plan, stage))
+    return stage_param_splits(model, plan)[stage][0] if not model.is_moe else \
+        sum(chunk_params(model, plan, c) for c in rank_chunks(plan, stage))
+
+
+def stage_param_splits(model: ModelSpec, plan: Plan) -> list[tuple[float, float]]:
+    """`stage_param_split` of every pipeline stage, in stage order, in one pass over the
+    chunks.
+
+    >>> from planner.presets import load_model
+    >>> p = Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8, dtype="fp32",
+    ...          schedule="interleaved-1f1b", virtual_stages=2)
+    >>> m = load_model("tiny-gpt")
+    >>> c = [chunk_params(m, p, g) for g in range(4)]  # chunk g sits on rank g % pp
+    >>> stage_param_splits(m, p) == [(c[0] + c[2], 0.0), (c[1] + c[3], 0.0)]
+    True
+    """
+    sizes, layer, moe = plan.layers_per_stage(model), model.layer_params(), model.is_moe
+    last, inner, out = len(sizes) - 1, {}, [[0.0, 0.0] for _ in range(plan.pp)]
+    chunk_list = []
+    for g, size in enumerate(sizes):
+        if 0 < g < last:  # an inner chunk: its blocks only, equal for equal sizes
+            if size not in inner:
+                inner[size] = _chunk_params(model, plan, g, sizes, layer)
+            chunk_list.append(inner[size])
+        else:
+            chunk_list.append(_chunk_params(model, plan, g, sizes, layer))
+    if not moe and plan.schedule not in V_SCHEDULES:  # chunk g on rank g % pp, in order
+        return [(sum(chunk_list[r::plan.pp]), 0.0) for r in range(plan.pp)]
+    if moe:
+        from simulator.step.moe import chunk_param_split
+    for g, params in enumerate(chunk_list):   # in chunk order: each rank's in rank_chunks order
+        dense, expert = chunk_param_split(model, plan, g, params) if moe else (params, 0.0)
+        acc = out[chunk_rank(plan.schedule, plan.pp, g)]
+        acc[0], acc[1] = acc[0] + dense, acc[1] + expert
+    return [(d, e) for d, e in out]
 
 
 def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
@@ -73,7 +112,7 @@ def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, 
     experts over the expert data-parallel group edp (Megatron-Core's distributed optimizer
     with MoE parallel folding)."""
     if not model.is_moe:
-        return stage_params(model, plan, stage), 0.0
+        return stage_param_splits(model, plan)[stage]
     from simulator.step.moe import chunk_param_split
     dense = expert = 0.0
     for c in rank_chunks(plan, stage):
@@ -162,13 +201,14 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
     return min(2 * (plan.pp - stage - 1) + (v - 1) * plan.pp + 1, m * v) / v
 
 
-def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int) -> float:
+def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int,
+                           chunks: list[int] | tuple[int, ...] | None = None) -> float:
     # Embedding output on the first stage (2sbh, Korthikanti §4.3); final norm input plus fp32
-    # logits (4·s·b·V / tp) on the last.
+    # logits (4·s·b·V / tp) on the last. ``chunks``: the stage's `rank_chunks`, if known.
     s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
     extra = 0.0
-    chunks = rank_chunks(plan, stage)
+    chunks = rank_chunks(plan, stage) if chunks is None else chunks
     if 0 in chunks:
         extra += 2 * s * b * h * scale
     if plan.pp * plan.virtual_stages - 1 in chunks:
@@ -237,17 +277,70 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
+    return [MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
+                            activations_bytes=a, overhead_bytes=overhead_bytes)
+            for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
+                                                block_scaled)]
+
+
+#: Schedules whose micro-batches in flight never grow from one stage to the next.
+MONOTONE_IN_FLIGHT = ("1f1b", "gpipe", "interleaved-1f1b")
+
+
+def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
+                       attention: str = "unfused", *, fp32_main_grads: bool = False,
+                       block_scaled: bool = False) -> tuple[int, MemoryBreakdown]:
+    """``(stage, breakdown)`` of the stage of `memory_per_stage` that needs the most (the
+    first of equals), without building the others' breakdowns.
+
+    >>> from planner.presets import load_model
+    >>> m, p = load_model("tiny-gpt"), Plan(tp=1, pp=2, dp=1, micro_batch=1, global_batch=8)
+    >>> stages = memory_per_stage(m, p)
+    >>> worst_stage_memory(m, p) == max(enumerate(stages), key=lambda s: s[1].total_bytes)
+    True
+    """
+    # With equal chunks of a dense model the inner stages hold equal weights and layers and,
+    # in these schedules, no more micro-batches in flight than the stage before them
+    # (`microbatches_in_flight`): only stages 0, 1 and pp − 1 can be the first worst.
+    stages = None
+    if plan.stage_layers is None and plan.schedule in MONOTONE_IN_FLIGHT and not model.is_moe:
+        stages = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
+    worst, parts, top = 0, None, -1.0
+    for stage, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
+                                            block_scaled, stages):
+        total = w + g + o + a + overhead_bytes  # as `MemoryBreakdown.total_bytes` sums
+        if total > top:
+            worst, parts, top = stage, (w, g, o, a), total
+    w, g, o, a = parts
+    return worst, MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
+                                  activations_bytes=a, overhead_bytes=overhead_bytes)
+
+
+def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
+                 block_scaled: bool, stages: list[int] | None = None):
+    # (stage, (weights, gradients, optimizer, activations) bytes) of each stage (or of
+    # ``stages``), as `memory_per_stage` documents them.
     d = DTYPE_BYTES[plan.dtype]
     per_layer = layer_activation_bytes(model, plan, attention) \
         - lowp_activation_saving(model, plan)
     chunks = plan.layers_per_stage(model)
-    out = []
-    for stage in range(plan.pp):
-        params, experts = stage_param_split(model, plan, stage)
-        layers = sum(chunks[g] for g in rank_chunks(plan, stage))
-        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage)
+    held_chunks: list[list[int]] = [[] for _ in range(plan.pp)]
+    for c in range(len(chunks)):
+        held_chunks[chunk_rank(plan.schedule, plan.pp, c)].append(c)
+    moe = model.is_moe
+    splits = stage_param_splits(model, plan) if not moe else None
+    z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
+    g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
+        (d, optimizer_bytes_per_param(plan.dtype))
+    linear = _linear_params(model) / plan.tp
+    cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
+    for stage in range(plan.pp) if stages is None else stages:
+        params, experts = splits[stage] if splits else stage_param_split(model, plan, stage)
+        layers = sum(chunks[c] for c in held_chunks[stage])
+        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
+                                                           held_chunks[stage])
         gathered = 0.0
-        if model.is_moe:
+        if moe:
             from simulator.step.moe import (
                 activation_delta_bytes,
                 stage_expert_blocks,
@@ -255,21 +348,16 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             )
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
             gathered = zero3_buffer_bytes(model, plan)
-        z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
-        g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
-            (d, optimizer_bytes_per_param(plan.dtype))
 
-        def held(per_param: float, from_stage: int, p=params, e=experts, z=z, s=shard,
-                 es=eshard) -> float:
+        def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
             # bytes of both parameter groups, each sharded over its own group under ZeRO
-            return p * per_param / (s if z >= from_stage else 1) \
-                + e * per_param / (es if z >= from_stage else 1)
+            return p * per_param / (shard if z >= from_stage else 1) \
+                + e * per_param / (eshard if z >= from_stage else 1)
 
         # Low-precision primary weights: the linear weights are held as their casts (FP8 and
         # its transpose on Hopper), not in bf16 (`planner.precision`); 0 for bf16.
-        wc = weight_cache_bytes_per_param(plan.dtype, block_scaled) - d if recipe(plan.dtype) \
-            else 0.0
-        if model.is_moe:
+        wc = cache_per_param - d if recipe(plan.dtype) else 0.0
+        if moe:
             # the rank's own matrices: non-expert ones / tp, its E/ep local experts
             from simulator.step.moe import expert_params_per_block
             routed = model.num_experts * model.expert_params() * model.num_moe_layers \
@@ -278,10 +366,6 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             local = stage_expert_blocks(model, plan, stage) * expert_params_per_block(model, plan)
             cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
         else:
-            cached = _linear_params(model) / plan.tp * layers * wc / (shard if z >= 3 else 1)
-        out.append(MemoryBreakdown(
-            weights_bytes=held(d, 3) + gathered + cached,
-            gradients_bytes=held(g, 2), optimizer_bytes=held(o, 1),
-            activations_bytes=acts * microbatches_in_flight(plan, stage),
-            overhead_bytes=overhead_bytes))
-    return out
+            cached = linear * layers * wc / (shard if z >= 3 else 1)
+        yield stage, (held(d, 3) + gathered + cached, held(g, 2), held(o, 1),
+                      acts * microbatches_in_flight(plan, stage))

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from planner.flops import hfu, mfu
 from planner.precision import block_scaled_device, storage_dtype
 from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
-from simulator.failures.stragglers import estimate_with_stragglers, simulate_with_stragglers
+from simulator.failures.slow_links import link_slowdowns, replica_costs, slow_nic_cluster
+from simulator.failures.stragglers import (
+    estimate_replicas,
+    estimate_with_stragglers,
+    simulate_replicas,
+    simulate_with_stragglers,
+)
 from simulator.network.cluster import Cluster
 from simulator.step.costs import (
     DEFAULT_OPTIONS,
@@ -76,7 +82,8 @@ def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, com
 
 def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = False,
              overlap_dp: bool = False, options: SimOptions = DEFAULT_OPTIONS,
-             stragglers: Mapping[int, float] | None = None) -> StepPrediction:
+             stragglers: Mapping[int, float] | None = None,
+             slow_links: Mapping[int, float] | None = None) -> StepPrediction:
     """Simulate one training step of ``model`` under ``plan`` on ``cluster`` with SimPy.
 
     Cost grows with pp × micro-batches, not with the number of devices. ``overlap_dp``
@@ -84,15 +91,22 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
     ``options`` names framework behaviour the plan does not (`simulator.step.costs.SimOptions`).
     ``stragglers`` maps global ranks (numbered by the mesh layout, `planner.mesh`) to compute
     slowdown factors >= 1; their TP, PP and DP groups wait for them
-    (`simulator.failures.stragglers.simulate_with_stragglers`).
+    (`simulator.failures.stragglers.simulate_with_stragglers`). ``slow_links`` maps devices
+    to factors >= 1 by which the NIC they use is below line rate; the groups and sends that
+    cross it slow down (`simulator.failures.slow_links`).
 
     Raises:
         PlanError: the plan does not fit the model, needs more devices than the cluster has
             (with the arithmetic), the device has no peak FLOP/s for ``plan.dtype``, or a
-            straggler names a rank the plan does not have or a factor below 1.
+            straggler names a rank the plan does not have or a factor below 1 (likewise a
+            slow link).
     """
+    links = link_slowdowns(plan, cluster, slow_links) if slow_links else None
     costs = stage_costs(model, plan, cluster, options)
-    if stragglers:
+    if links is not None:
+        replicas, tail = _asymmetric(model, plan, cluster, options, costs, stragglers, links)
+        result = simulate_replicas(replicas, tail, plan, trace=trace, overlap_dp=overlap_dp)
+    elif stragglers:
         result = simulate_with_stragglers(costs, plan, stragglers, trace=trace,
                                           overlap_dp=overlap_dp)
     else:
@@ -105,18 +119,31 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
                        fp32_main_grads=options.fp32_main_grads)
 
 
+def _asymmetric(model, plan, cluster, options, costs, stragglers, links):
+    # The distinct replicas and the shared DP tail with slow links (and stragglers).
+    return replica_costs(costs, plan, stragglers or {}, links, lambda f: stage_costs(
+        model, plan, slow_nic_cluster(cluster, f), options))
+
+
 def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
              overlap_dp: bool = False, options: SimOptions = DEFAULT_OPTIONS,
-             stragglers: Mapping[int, float] | None = None) -> StepPrediction:
+             stragglers: Mapping[int, float] | None = None,
+             slow_links: Mapping[int, float] | None = None) -> StepPrediction:
     """Analytical (no SimPy) version of `simulate`, for screening many plans quickly
-    (~0.1 ms a call; zero-bubble schedules ~ms, `estimate_zero_bubble`); with ``stragglers``, the slowest replica's closed form
+    (~0.1 ms a call; zero-bubble schedules ~ms, `estimate_zero_bubble`); with
+    ``stragglers`` or ``slow_links``, the slowest replica's closed form
     (`simulator.failures.stragglers.estimate_with_stragglers`).
 
     Raises:
         PlanError: as `simulate`.
     """
+    links = link_slowdowns(plan, cluster, slow_links) if slow_links else None
     costs = stage_costs(model, plan, cluster, options)
-    if stragglers:
+    if links is not None:
+        replicas, tail = _asymmetric(model, plan, cluster, options, costs, stragglers, links)
+        step, compute, comm = estimate_replicas(list(replicas.values()), tail, plan,
+                                                overlap_dp=overlap_dp)
+    elif stragglers:
         step, compute, comm = estimate_with_stragglers(costs, plan, stragglers,
                                                        overlap_dp=overlap_dp)
     elif plan.schedule in ZERO_BUBBLE_SCHEDULES:
