@@ -57,13 +57,14 @@ def test_models_never_import_the_runtime_or_the_apps(package):
 
 
 def test_the_bottom_layer_imports_nothing_of_the_other_packages():
-    for bottom in ("planner.spec", "planner.mesh", "planner.flops"):
+    for bottom in ("planner.spec", "planner.mesh", "planner.flops", "planner.precision"):
         assert all(b.startswith("planner.spec") for _, b in _imports_of(bottom)), bottom
 
 
 def test_the_simulator_uses_only_the_planner_bottom_layer():
     # specs, the mesh layout and the model presets: never the search that calls it
-    allowed = {"planner", "planner.spec", "planner.mesh", "planner.flops", "planner.presets"}
+    allowed = {"planner", "planner.spec", "planner.mesh", "planner.flops", "planner.presets",
+               "planner.precision"}
     bad = [(a, b) for a, b in _imports_of("simulator") if b.split(".")[0] == "planner"
            and b not in allowed]
     assert bad == []

@@ -178,6 +178,11 @@ def step_tail(env: simpy.Environment, rank: _Rank, tail: StageCosts, overlap_dp:
     rank.finish = env.now
 
 
+#: The SimPy step of the zero-bubble schedules, `simulator.step.zero_bubble.simulate_zero_bubble`
+#: (registered by that module, which imports this one).
+ZERO_BUBBLE_RUNNER: list = []
+
+
 def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: int,
                       *, virtual_stages: int = 1, trace: bool = False,
                       overlap_dp: bool = False, post_validation: bool = False) -> PipelineResult:
@@ -198,10 +203,11 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
     10.0
     """
     if schedule in ZERO_BUBBLE_SCHEDULES:
-        from simulator.step.zero_bubble import simulate_zero_bubble  # it builds on this module
-        return simulate_zero_bubble(costs, schedule, num_microbatches,
-                                    virtual_stages=virtual_stages, trace=trace,
-                                    overlap_dp=overlap_dp, post_validation=post_validation)
+        # simulator.step.zero_bubble builds on this module and registers its SimPy step here
+        # when the package is imported (simulator/step/__init__.py)
+        return ZERO_BUBBLE_RUNNER[0](costs, schedule, num_microbatches,
+                                     virtual_stages=virtual_stages, trace=trace,
+                                     overlap_dp=overlap_dp, post_validation=post_validation)
     env = simpy.Environment()
     pp = len(costs) // virtual_stages
     pipe = _Pipeline(env, costs, pp, trace)

@@ -25,6 +25,7 @@ from planner.mesh import chunk_rank
 from planner.precision import storage_dtype
 from planner.spec import ModelSpec, Plan
 from simulator.network.hardware import DeviceProfile
+from simulator.step import pipeline as pipeline_module
 from simulator.step.compute import (
     ATTENTION_CORE,
     Efficiency,
@@ -298,3 +299,6 @@ def _with_tails(costs: list[StageCosts], pp: int, ends: list[float], compute: li
     crit = max(range(pp), key=lambda r: (finish[r][0], compute[r] + comm[r]))
     return (finish[crit][0], compute[crit] + costs[crit].optimizer_s,
             comm[crit] + finish[crit][1])
+
+
+pipeline_module.ZERO_BUBBLE_RUNNER[:] = [simulate_zero_bubble]
