@@ -33,8 +33,9 @@ from collections.abc import Mapping
 
 from planner.mesh import chunk_rank, rank_coords
 from planner.spec import ZERO_BUBBLE_SCHEDULES, Plan, PlanError
-from simulator.step.pipeline import PipelineResult, estimate_pipeline, simulate_pipeline
+from simulator.step.pipeline import PipelineResult, estimate_pipeline
 from simulator.step.stagecosts import StageCosts
+from simulator.step.zero_bubble import estimate_zero_bubble, simulate_schedule
 
 
 def group_slowdowns(plan: Plan, stragglers: Mapping[int, float]) -> dict[tuple[int, int], float]:
@@ -99,7 +100,7 @@ def _backward_ends(costs: list[StageCosts], plan: Plan
     caller, synchronised over the replicas."""
     bare = [dataclasses.replace(c, dp_comm_s=0.0, optimizer_s=0.0, dp_gather_s=0.0)
             for c in costs]
-    run = simulate_pipeline(bare, plan.schedule, plan.num_microbatches,
+    run = simulate_schedule(bare, plan.schedule, plan.num_microbatches,
                             virtual_stages=plan.virtual_stages, trace=True)
     ends, busy = [0.0] * plan.pp, [{"compute": 0.0, "comm": 0.0} for _ in range(plan.pp)]
     for stage, stream, _, start, end in run.events:
@@ -219,7 +220,6 @@ def estimate_with_stragglers(costs: list[StageCosts], plan: Plan,
         PlanError: as `simulate_with_stragglers`.
     """
     if plan.schedule in ZERO_BUBBLE_SCHEDULES:
-        from simulator.step.zero_bubble import estimate_zero_bubble  # it imports the pipeline
         return max(estimate_zero_bubble(slowed_costs(costs, p, plan.schedule), plan.schedule,
                                         plan.num_microbatches, overlap_dp, plan.virtual_stages)
                    for p in replica_profiles(plan, stragglers))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from planner.spec import ZERO_BUBBLE_SCHEDULES
+from planner.spec import ZERO_BUBBLE_SCHEDULES, PlanError
 from simulator.step.stagecosts import StageCosts
 
 
@@ -178,14 +178,9 @@ def step_tail(env: simpy.Environment, rank: _Rank, tail: StageCosts, overlap_dp:
     rank.finish = env.now
 
 
-#: The SimPy step of the zero-bubble schedules, `simulator.step.zero_bubble.simulate_zero_bubble`
-#: (registered by that module, which imports this one).
-ZERO_BUBBLE_RUNNER: list = []
-
-
 def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: int,
                       *, virtual_stages: int = 1, trace: bool = False,
-                      overlap_dp: bool = False, post_validation: bool = False) -> PipelineResult:
+                      overlap_dp: bool = False) -> PipelineResult:
     """Run one step of a pipeline whose (virtual) stages cost ``costs`` in SimPy.
 
     ``costs`` lists pp·virtual_stages entries in pipeline order (entry g on rank g % pp, see
@@ -194,20 +189,19 @@ def simulate_pipeline(costs: list[StageCosts], schedule: str, num_microbatches: 
     accumulation ends); otherwise the whole reduction follows it. Returns the step time (last
     rank to finish) and the busy compute / exposed communication of the critical rank (latest
     finish; ties go to the busier rank); ``events`` is the event log (empty unless ``trace``),
-    ordered by start time. Zero-bubble schedules (`planner.spec.ZERO_BUBBLE_SCHEDULES`) run in
-    `simulator.step.zero_bubble.simulate_zero_bubble`, where ``post_validation`` applies
-    (`pipeline_result`).
+    ordered by start time. Zero-bubble schedules (`planner.spec.ZERO_BUBBLE_SCHEDULES`) are
+    `simulator.step.zero_bubble.simulate_schedule`'s, which runs any schedule.
+
+    Raises:
+        PlanError: a zero-bubble schedule.
 
     >>> c = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0, p2p_fwd_s=0.5, p2p_bwd_s=0.5)
     >>> simulate_pipeline([c, c], "1f1b", 2).step_time_s  # (m + pp − 1)(F + B) + 2 sends
     10.0
     """
     if schedule in ZERO_BUBBLE_SCHEDULES:
-        # simulator.step.zero_bubble builds on this module and registers its SimPy step here
-        # when the package is imported (simulator/step/__init__.py)
-        return ZERO_BUBBLE_RUNNER[0](costs, schedule, num_microbatches,
-                                     virtual_stages=virtual_stages, trace=trace,
-                                     overlap_dp=overlap_dp, post_validation=post_validation)
+        raise PlanError(f"schedule={schedule!r} splits the backward into B and W: simulate it "
+                        f"with simulator.step.zero_bubble.simulate_schedule")
     env = simpy.Environment()
     pp = len(costs) // virtual_stages
     pipe = _Pipeline(env, costs, pp, trace)

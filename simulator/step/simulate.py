@@ -29,8 +29,8 @@ from simulator.step.costs import (
     stage_costs,
 )
 from simulator.step.memory import MemoryBreakdown, memory_per_stage
-from simulator.step.pipeline import estimate_pipeline, simulate_pipeline
-from simulator.step.zero_bubble import estimate_zero_bubble
+from simulator.step.pipeline import estimate_pipeline
+from simulator.step.zero_bubble import estimate_zero_bubble, simulate_schedule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +110,7 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
         result = simulate_with_stragglers(costs, plan, stragglers, trace=trace,
                                           overlap_dp=overlap_dp)
     else:
-        result = simulate_pipeline(costs, plan.schedule, plan.num_microbatches,
+        result = simulate_schedule(costs, plan.schedule, plan.num_microbatches,
                                    virtual_stages=plan.virtual_stages, trace=trace,
                                    overlap_dp=overlap_dp,
                                    post_validation=options.optimizer_post_validation)

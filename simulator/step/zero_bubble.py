@@ -23,9 +23,8 @@ import simpy
 
 from planner.mesh import chunk_rank
 from planner.precision import storage_dtype
-from planner.spec import ModelSpec, Plan
+from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
 from simulator.network.hardware import DeviceProfile
-from simulator.step import pipeline as pipeline_module
 from simulator.step.compute import (
     ATTENTION_CORE,
     Efficiency,
@@ -41,6 +40,7 @@ from simulator.step.pipeline import (
     _Pipeline,
     exposed_dp_s,
     pipeline_result,
+    simulate_pipeline,
     step_tail,
 )
 from simulator.step.stagecosts import StageCosts
@@ -301,4 +301,20 @@ def _with_tails(costs: list[StageCosts], pp: int, ends: list[float], compute: li
             comm[crit] + finish[crit][1])
 
 
-pipeline_module.ZERO_BUBBLE_RUNNER[:] = [simulate_zero_bubble]
+def simulate_schedule(costs: list[StageCosts], schedule: str, num_microbatches: int, *,
+                      virtual_stages: int = 1, trace: bool = False, overlap_dp: bool = False,
+                      post_validation: bool = False) -> PipelineResult:
+    """One SimPy step of any schedule: `simulate_zero_bubble` for the zero-bubble ones
+    (`planner.spec.ZERO_BUBBLE_SCHEDULES`), `simulator.step.pipeline.simulate_pipeline` for
+    GPipe, 1F1B and interleaved 1F1B (``post_validation`` applies to the former only).
+
+    >>> c = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0)
+    >>> simulate_schedule([c, c], "1f1b", 2).step_time_s  # (m + pp − 1)(F + B)
+    9.0
+    """
+    if schedule in ZERO_BUBBLE_SCHEDULES:
+        return simulate_zero_bubble(costs, schedule, num_microbatches,
+                                    virtual_stages=virtual_stages, trace=trace,
+                                    overlap_dp=overlap_dp, post_validation=post_validation)
+    return simulate_pipeline(costs, schedule, num_microbatches, virtual_stages=virtual_stages,
+                             trace=trace, overlap_dp=overlap_dp)

@@ -6,9 +6,9 @@ import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from planner.spec import Plan, PlanError
-from simulator.step.pipeline import simulate_pipeline
 from simulator.step.stagecosts import StageCosts
 from simulator.step.zb_orders import peak_in_flight, rank_order
+from simulator.step.zero_bubble import simulate_schedule
 
 #: F = B = W = 1 per chunk, no communication: the units of the papers' bubble formulas.
 UNIT = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0, wgrad_s=1.0)
@@ -56,7 +56,7 @@ def _span_bubbles(events: list[tuple], pp: int) -> list[float]:
 
 
 def _run(schedule: str, pp: int, m: int, v: int = 1):
-    return simulate_pipeline([UNIT] * (pp * v), schedule, m, virtual_stages=v, trace=True)
+    return simulate_schedule([UNIT] * (pp * v), schedule, m, virtual_stages=v, trace=True)
 
 
 def test_zb_h1_two_stages_four_microbatches_worked_by_hand():
@@ -123,7 +123,7 @@ def test_closed_form_matches_simpy_on_equal_stages(schedule, v):
     from simulator.step.zero_bubble import estimate_zero_bubble
     c = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.5, wgrad_s=1.0, p2p_fwd_s=0.1,
                    p2p_bwd_s=0.1, optimizer_s=0.3)
-    sim = simulate_pipeline([c] * (4 * v), schedule, 24, virtual_stages=v)
+    sim = simulate_schedule([c] * (4 * v), schedule, 24, virtual_stages=v)
     step, compute, _ = estimate_zero_bubble([c] * (4 * v), schedule, 24, False, v)
     assert step == pytest.approx(sim.step_time_s)
     assert compute == pytest.approx(sim.compute_s)
@@ -166,8 +166,8 @@ def test_zb_h2_with_post_validation_has_the_papers_bubble(f, b, w):
     # m(F + B + W) of work, is that bubble. ZB-H1 keeps (p − 1)(F + B − W). p = 4, m = 12.
     c = StageCosts(fwd_compute_s=f, bwd_compute_s=b + w, wgrad_s=w)
     work = 12 * (f + b + w)
-    h2 = simulate_pipeline([c] * 4, "zb-h2", 12, post_validation=True).step_time_s
-    h1 = simulate_pipeline([c] * 4, "zb-h1", 12, post_validation=True).step_time_s
+    h2 = simulate_schedule([c] * 4, "zb-h2", 12, post_validation=True).step_time_s
+    h1 = simulate_schedule([c] * 4, "zb-h1", 12, post_validation=True).step_time_s
     assert h2 - work == pytest.approx(3 * (f + b - 2 * w))
     assert h1 - work == pytest.approx(3 * (f + b - w))
     assert peak_in_flight(rank_order("zb-h2", 4, 12, 0)) == 2 * 4 - 1  # (2p − 1) M_B
