@@ -224,22 +224,15 @@ def _num(value: str) -> float | None:
 
 def unsupported_reason(row: dict) -> str | None:
     """Why a published row is not simulated, or None when it is: every dense and
-    mixture-of-experts row in bf16, FP8, MXFP8 or NVFP4 is simulated; a row whose notes name
-    another GEMM precision (INT8, FP6) is listed under ``skipped`` with this reason.
-
-    A torchao rowwise float8 row is refused too
+    mixture-of-experts row in bf16, FP8, MXFP8 or NVFP4 is simulated; a precision that is
+    not a modelled recipe is listed under ``skipped`` with the reason
     (`simulator.validation.precision.unsupported_precision_reason`).
 
     >>> unsupported_reason({"notes": "precision=bf16; num_experts=8;top_k=2"}) is None
     True
-    >>> unsupported_reason({"notes": "precision=mxfp8; step_time=GBS*seq/(TPS*num_gpus)"})
-    >>> unsupported_reason({"notes": "precision=int8 (SmoothQuant)"})[:14]
-    'precision=int8'
+    >>> unsupported_reason({"notes": "quantization=float8 rowwise; GBS"})[:27]
+    'quantization=float8 rowwise'
     """
-    precision = row_precision(row) or ""
-    if re.search(r"int8|int4|fp6", precision.lower()):
-        return (f"precision={precision}: only bf16 / fp16 / fp8 / mxfp8 / nvfp4 GEMMs are "
-                f"modelled")
     return unsupported_precision_reason(row)
 
 
