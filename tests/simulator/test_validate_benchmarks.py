@@ -127,16 +127,6 @@ def test_low_precision_rows_are_read_in_their_precision(tmp_path, notes, dtype):
     assert case.plan.dtype == dtype
 
 
-def test_rowwise_float8_row_is_skipped_with_reason(tmp_path):
-    # torchao's rowwise float8 is not one of planner.precision's recipes
-    notes = "tokens/s=900; quantization=float8 rowwise; GBS=256"
-    assert unsupported_reason({"notes": notes}).startswith("quantization=float8 rowwise")
-    result = validate_runs(_write(tmp_path, [_row(id="x", notes=notes), _row(id="ok")]))
-    assert [r["id"] for r in result["rows"]] == ["ok"]
-    (skip,) = result["skipped"]
-    assert skip["id"] == "x" and skip["reason"].startswith("quantization=float8 rowwise")
-
-
 def test_torchao_rowwise_float8_is_skipped_not_run_as_tensorwise(tmp_path):
     # n308: "quantization=float8 rowwise" measures at bf16 speed (599.6 vs 597.3 tokens/s
     # of n304): a different recipe, not tensorwise FP8.
