@@ -159,6 +159,7 @@ def test_processes_timed_together_keep_the_slowest_of_each_step():
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores for two ranks")
+@pytest.mark.slow  # ~1-1.5 min of torchrun groups; the profile format and its use are covered above
 def test_tiny_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     micro = TINY.replace(name="micro", hidden=64, num_heads=2, num_kv_heads=2,
                          ffn_hidden=128, seq_len=32)
