@@ -558,4 +558,4 @@ def _with_wgrad(costs: list[StageCosts], model: ModelSpec, plan: Plan, cluster: 
     if plan.schedule not in ZERO_BUBBLE_SCHEDULES:
         return costs
     return split_backward(costs, model, plan, options.attention, _device(cluster),
-                          _efficiency(cluster, options))
+                          _efficiency(cluster, options), options.cp_attention)

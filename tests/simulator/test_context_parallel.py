@@ -205,3 +205,17 @@ def test_cp_attention_is_checked_and_read_from_the_framework_file():
                                    overlap_dp=True).cp_attention
            for name in ("torchtitan", "megatron-core", "megatron-lm")}
     assert got == {"torchtitan": "pytorch", "megatron-core": "ring", "megatron-lm": "ring"}
+
+
+def test_pytorch_cp_merges_are_input_gradient_work_in_zero_bubble_schedules():
+    # The fp32 merges sit beside attention, which has no weights: a zero-bubble schedule's W
+    # (weight-gradient GEMMs, Qi et al. 2024 §2) takes the same seconds under both exchanges,
+    # and all of the merges' backward lands in B.
+    cluster = load_cluster("dgx-h100", nodes=1)
+    plan = Plan(tp=1, cp=2, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="zb-h1",
+                recompute="none")
+    ring = stage_costs(LLAMA, plan, cluster, SimOptions())
+    torch = stage_costs(LLAMA, plan, cluster, SimOptions(cp_attention="pytorch"))
+    for r, t in zip(ring, torch, strict=True):
+        assert t.bwd_compute_s > r.bwd_compute_s
+        assert t.wgrad_s == pytest.approx(r.wgrad_s, rel=1e-9)
