@@ -142,6 +142,8 @@ def print_held_out(console: Console, entries: list[dict], title: str) -> None:
 
 
 def _held_out(args: argparse.Namespace) -> int:
+    from rich.console import Console  # here, not at import: `--help` stays fast
+
     by = tuple(f.strip() for f in args.by.split(",")) if args.by else ()
     paths = [args.runs, *(args.loso_with or [])]
     entries = held_out_report(paths, by_gpu=args.logo, by=by, iters=args.loso_iters,

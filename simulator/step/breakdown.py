@@ -65,12 +65,14 @@ def compute_by_class_s(model: ModelSpec, plan: Plan, cluster,
     """
     eff, dev = _efficiency(cluster, options), _device(cluster)
     ops = layer_forward_ops(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                            options.attention, plan.dtype, plan.cp)
+                            options.attention, plan.dtype, plan.cp, options.cp_attention)
     per_layer: dict[str, float] = defaultdict(float)
     for op in ops:
         t = op_time_s(op, dev, eff, plan.dtype)
         kind = "attention" if op.name in ATTENTION_CORE else "gemm" if op.m else "memory-bound"
-        per_layer[kind] += t * (3.5 if op.flops else 3.0)
+        bwd = (op_time_s(op._replace(bytes=op.bwd_bytes), dev, eff, plan.dtype)
+               if op.bwd_bytes is not None else t * (2.5 if op.flops else 2.0))
+        per_layer[kind] += t + bwd
         if plan.recompute == "full" or (plan.recompute == "selective"
                                         and op.name in ATTENTION_CORE):
             per_layer["recompute"] += t

@@ -57,6 +57,13 @@ from simulator.network.hardware import DeviceProfile
 PRESET = PRESET_DIR / "efficiency.yaml"
 
 Attention = Literal["flash", "flash-triton", "unfused"]
+#: How context-parallel attention exchanges keys and values (`SimOptions.cp_attention`):
+#: 'ring' passes each rank's compact (GQA) K/V block to the next rank, one hop per block
+#: (Liu et al. 2023, "Ring Attention"; Megatron-Core / Transformer Engine CP); 'pytorch' is
+#: PyTorch's ``context_parallel`` SDPA as torchtitan runs it (`torch_cp_merge_bytes`,
+#: `simulator.step.costs.torch_cp_comm`).
+CpAttention = Literal["ring", "pytorch"]
+CP_ATTENTIONS = ("ring", "pytorch")
 #: FlashAttention in Triton (the FlashAttention-1 algorithm, e.g. llm-foundry's
 #: ``attn_impl: triton``) relative to FlashAttention-2: Dao 2023 ("FlashAttention-2", §4.1)
 #: measures FlashAttention-2 1.3-2.5x faster on A100; the geometric middle, 1.8x, is used.
@@ -193,14 +200,62 @@ def megatron_fused_softmax(micro_batch: int, heads_per_rank: int, seq_len: int,
             and micro_batch * heads_per_rank % 4 == 0)
 
 
+def torch_cp_merge_bytes(cp: int) -> tuple[int, int]:
+    """(forward, backward) bytes per element of a rank's attention output that PyTorch's
+    context-parallel SDPA moves beside its ``cp`` attention kernels, on the last CP rank
+    (the one whose every block after the first is a full one, so it sets the ring's pace).
+
+    Counted op by op from ``_templated_ring_attention`` and its backward in PyTorch's
+    ``torch/distributed/tensor/experimental/_attention.py`` (the merger and the two-chunk
+    load balancing that PyTorch PR #132442 added in August 2024, as the stored 2025 source
+    has them; the torchtitan benchmarks ran torch 1963fc8 of December 2024):
+    ``convert_to_f32`` keeps the merged output and the gradients in fp32, bf16 in and out.
+    Per element E of the output (b·(s/cp) queries × the rank's query heads × head width):
+
+    ==============================================  ====================  ==================
+    op                                              bytes per E           how often
+    ==============================================  ====================  ==================
+    pack K, V for the next rank (``cat``)           read 4, write 4 = 8   blocks 0 .. cp−2
+    block output to fp32                            read 2, write 4 = 6   every block
+    merge ``out − σ(lse_b − lse)·(out − out_b)``    12 + 8 + 12 = 32      blocks 1 .. cp−1
+    merged output back to bf16                      read 4, write 2 = 6   once
+    backward: zero dQ, dK, dV (fp32)                write 12              once
+    dK, dV += (first block: full)                   2 × 10 = 20           block 0
+    dK, dV += (later blocks: half, then ``cat``)    2 × (5 + 8) = 26      blocks 1 .. cp−1
+    pack dK, dV for the next rank (fp32 ``cat``)    read 8, write 8 = 16  every block
+    dQ +=                                           read 6, write 4 = 10  every block
+    pack K, V for the next rank                     8                     blocks 0 .. cp−2
+    dQ, dK, dV back to bf16                         6 + 12 = 18           once
+    ==============================================  ====================  ==================
+
+    Forward: 8(cp − 1) + 6cp + 32(cp − 1) + 6 = 46cp − 34; backward: 12 + 20 + 26(cp − 1)
+    + 26cp + 8(cp − 1) + 18 = 60cp + 16.
+
+    These are the eager kernels, counted like every other memory-bound op of the block (the
+    model costs no framework's kernel fusion). Under torch.compile (torchtitan compiles each
+    block with ``fullgraph=True``) the pointwise merge of a block can run as one kernel that
+    reads the block output and the fp32 accumulator and writes it back, about 10cp + 6
+    forward and 28cp + 12 backward: a lower bound.
+
+    >>> torch_cp_merge_bytes(2), torch_cp_merge_bytes(8)
+    ((58, 136), (334, 496))
+    """
+    if cp < 2:
+        return 0, 0
+    return 46 * cp - 34, 60 * cp + 16
+
+
 def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
-                      attention: Attention, dtype: str, cp: int = 1) -> list[Op]:
+                      attention: Attention, dtype: str, cp: int = 1,
+                      cp_attention: CpAttention = "ring") -> list[Op]:
     """Forward ops of one block on one TP rank (see the module table).
 
     With context parallelism (``cp`` > 1) the rank holds T = b·s/cp tokens of each sequence
     and its queries meet all s keys, block by block as the key/value ring passes (Liu et al.
     2023, "Ring Attention"); with two balanced chunks per rank the causal half is the same on
-    every rank, so attention FLOPs are 1/cp of the whole.
+    every rank, so attention FLOPs are 1/cp of the whole. PyTorch's context-parallel SDPA
+    (``cp_attention='pytorch'``) adds one memory-bound op, ``cp-merge``: its fp32 merges of
+    the blocks' partial outputs and gradients (`torch_cp_merge_bytes`).
     """
     s, h, f, kv = model.seq_len, model.hidden, model.ffn_hidden, model.kv_hidden
     t, d = micro_batch * s // cp, DTYPE_BYTES[dtype]
@@ -236,6 +291,10 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
         ops += [Op("mlp-up", m=t, n=f // tp, k=h), Op("gelu", bytes=2 * t * f // tp * d)]
     ops += [Op("mlp-down", m=t, n=h, k=f // tp),
             Op("dropout-add2", bytes=3 * rep * h * d + rep * h)]
+    if cp > 1 and cp_attention == "pytorch":
+        fwd, bwd = torch_cp_merge_bytes(cp)
+        out = t * model.num_heads * model.head_dim // tp  # the rank's attention output
+        ops.append(Op("cp-merge", bytes=fwd * out, bwd_bytes=bwd * out))
     return ops
 
 
@@ -321,9 +380,11 @@ class LayerCompute:
 @lru_cache(maxsize=4096)
 def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
                   attention: Attention, dtype: str, device: DeviceProfile,
-                  eff: Efficiency, cp: int = 1) -> LayerCompute:
+                  eff: Efficiency, cp: int = 1, cp_attention: CpAttention = "ring"
+                  ) -> LayerCompute:
     """`LayerCompute` of one block (cached: the planner calls it for many plans)."""
-    ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp)
+    ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp,
+                            cp_attention)
     ops += cast_ops(ops, dtype, block_scaled_device(device.peak_flops))
     return ops_compute(tuple(ops), device, eff, dtype)
 

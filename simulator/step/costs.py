@@ -12,6 +12,8 @@ gradients after, every micro-batch, overlapped with the layer's compute (Rajbhan
 tokens; attention passes the key/value blocks round the cp ring, cp − 1 sends per layer
 forward and, with their gradients, twice the bytes backward, each overlapped with the block
 attention it feeds (Liu et al. 2023, "Ring Attention", §3); gradients reduce over dp·cp.
+PyTorch's context-parallel SDPA (torchtitan) all-gathers the keys and values instead, under the
+first block only, and passes fp32 key/value gradients one hop per block (`torch_cp_comm`).
 """
 
 from __future__ import annotations
@@ -122,6 +124,79 @@ def cp_ring_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> t
     return (plan.cp - 1) * step(block), (plan.cp - 1) * step(2 * block)
 
 
+def torch_cp_comm(model: ModelSpec, plan: Plan, cluster: Cluster,
+                  rank: int) -> tuple[float, float]:
+    """(all-gather, gradient hop) seconds of one layer's key/value exchange on one CP rank,
+    one micro-batch, in PyTorch's context-parallel SDPA as torchtitan runs it, before overlap.
+
+    torchtitan repeats the K/V heads to the query heads before SDPA (``repeat_kv`` in
+    ``torchtitan/models/llama/model.py``), so a rank's K and V are 2·b·(s/cp)·a·d_head/tp
+    elements, not the compact GQA width; the default rotate method ``allgather``
+    (torchtitan's ``context_parallel_rotate_method``, ``_AllGatherRotater`` in
+    ``torch/distributed/tensor/experimental/_attention.py``) gathers all cp of them once per
+    pass, forward and again backward. The backward sends each block's fp32 dK, dV (twice the
+    bf16 bytes) to the next rank (``_AllToAllRotater``), one hop per block, the slowest hop
+    of the ring.
+
+    >>> from simulator.network.cluster import load_cluster
+    >>> m = ModelSpec(name="m", num_layers=2, hidden=4096, num_heads=32, num_kv_heads=8,
+    ...               ffn_hidden=14336, vocab_size=32000, seq_len=8192, activation="swiglu")
+    >>> p = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=1, global_batch=1)
+    >>> gather, hop = torch_cp_comm(m, p, load_cluster("dgx-h100"), 0)
+    >>> # K and V of 4096 tokens x 32 heads x 128 x 2 B = 67.1 MB per rank, 4x the GQA block
+    >>> # of `cp_ring_comm`; the hop carries them in fp32 (134 MB) over NVLink4 at 450 GB/s
+    >>> round(hop * 1e3, 3)
+    0.299
+    """
+    if plan.cp == 1:
+        return 0.0, 0.0
+    kv = 2 * plan.micro_batch * (model.seq_len // plan.cp) * model.num_heads \
+        * model.head_dim / plan.tp * DTYPE_BYTES[storage_dtype(plan.dtype)]
+    ring = list(group_ranks(plan, "cp", stage=rank))
+    gather = collective_time_s(cluster, "all_gather", plan.cp * kv, ring)
+    hop = max(p2p_time_on_cluster_s(cluster, 2 * kv, a, b)
+              for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
+    return gather, hop
+
+
+def cp_exposed_s(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
+                 lc: LayerCompute, options: SimOptions) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's context-parallel K/V exchange that its
+    attention does not hide, one micro-batch on one CP rank (0 when cp = 1).
+
+    ``options.cp_attention``:
+
+    * 'ring': the cp − 1 hops of `cp_ring_comm` against the layer's whole attention core
+      (forward; backward 2.5x it with FlashAttention, Dao 2023 §3.1): only the excess shows.
+    * 'pytorch' (`torch_cp_comm`): the all-gather is issued before the first block and
+      awaited before the second, so it hides under one block, the core's 1/cp (the blocks
+      are equal under the two-chunk load balancing); backward gathers again under the first
+      block, each block's gradient hop is awaited after the next block (cp − 1 hops under
+      one block each), and the last hop is awaited after the last block, under nothing.
+
+    >>> from simulator.network.cluster import load_cluster
+    >>> m = ModelSpec(name="m", num_layers=2, hidden=4096, num_heads=32, num_kv_heads=8,
+    ...               ffn_hidden=14336, vocab_size=32000, seq_len=8192, activation="swiglu")
+    >>> p = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=1, global_batch=1)
+    >>> lc = LayerCompute(1.0, 3.0, 1.0, 0.0, 0.0, 1)  # attention takes 1 s: all hides
+    >>> cl = load_cluster("dgx-h100")
+    >>> f, b = cp_exposed_s(m, p, cl, 0, lc, SimOptions(cp_attention="pytorch"))
+    >>> f, b == torch_cp_comm(m, p, cl, 0)[1]  # only the last gradient hop shows
+    (0.0, True)
+    """
+    if plan.cp == 1:
+        return 0.0, 0.0
+    core_f = lc.attn_core_fwd_s
+    core_b = core_f * (2.5 if options.attention != "unfused" else 2.0)
+    if options.cp_attention == "pytorch":
+        gather, hop = torch_cp_comm(model, plan, cluster, rank)
+        block_f, block_b = core_f / plan.cp, core_b / plan.cp
+        return (max(0.0, gather - block_f),
+                max(0.0, gather - block_b) + (plan.cp - 1) * max(0.0, hop - block_b) + hop)
+    ring_f, ring_b = cp_ring_comm(model, plan, cluster, rank)
+    return max(0.0, ring_f - core_f), max(0.0, ring_b - core_b)
+
+
 def _unaggregated_s(cluster: Cluster, nbytes: float, n: int) -> float:
     # (n − 1)/n · S through one rank's share of its node's NICs.
     nic = getattr(cluster, "nic_bandwidth_Bps", 0.0) or 0.0
@@ -216,12 +291,11 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
     if options.tp_comm_overlap:
         fwd_comm, bwd_comm = max(0.0, fwd_comm - fwd_dev), max(0.0, bwd_comm - bwd_dev)
-    # The CP ring hides under the block attention it feeds: only the excess shows.
-    ring_f, ring_b = cp_ring_comm(model, plan, cluster, rank)
-    core_b = lc.attn_core_fwd_s * (2.5 if options.attention != "unfused" else 2.0)
-    cp_f = max(0.0, ring_f - lc.attn_core_fwd_s)
+    # The CP exchange hides under the block attention it feeds: only the excess shows (full
+    # recomputation repeats the forward's).
+    cp_f, cp_b = cp_exposed_s(model, plan, cluster, rank, lc, options)
     fwd_comm += cp_f
-    bwd_comm += max(0.0, ring_b - core_b) + (cp_f if plan.recompute == "full" else 0.0)
+    bwd_comm += cp_b + (cp_f if plan.recompute == "full" else 0.0)
     fwd_comm, bwd_comm = fwd_comm + moe_comm[0], bwd_comm + moe_comm[1]
     # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows, and
     # only the prefetched share of a layer's gather can hide (`SimOptions`). On a CPU
@@ -275,7 +349,7 @@ def _compute_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimO
 def _fresh_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                       options.attention, plan.dtype, dev, eff, plan.cp)
+                       options.attention, plan.dtype, dev, eff, plan.cp, options.cp_attention)
     host_re = {"full": lc.host_fwd_s, "none": 0.0,
                "selective": eff.host_op_s * 4}[plan.recompute]
     return eff, dev, lc, host_re
@@ -453,7 +527,7 @@ def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
         lc_g, *moe_comm = chunk_moe_terms(
             model, plan, cluster, g, rank, options.attention, dev, eff,
             imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
-            overlap=options.moe_a2a_overlap)
+            overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention)
     return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
                         tuple(moe_comm))
 
@@ -484,4 +558,4 @@ def _with_wgrad(costs: list[StageCosts], model: ModelSpec, plan: Plan, cluster: 
     if plan.schedule not in ZERO_BUBBLE_SCHEDULES:
         return costs
     return split_backward(costs, model, plan, options.attention, _device(cluster),
-                          _efficiency(cluster, options))
+                          _efficiency(cluster, options), options.cp_attention)

@@ -52,6 +52,7 @@ from simulator.network.collectives import collective_time_s
 from simulator.network.hardware import DeviceProfile
 from simulator.step.compute import (
     Attention,
+    CpAttention,
     Efficiency,
     LayerCompute,
     Op,
@@ -168,12 +169,13 @@ def expert_ops(model: ModelSpec, plan: Plan, imbalance: float) -> list[Op]:
 
 @lru_cache(maxsize=4096)
 def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
-                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0) -> LayerCompute:
+                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0,
+                  cp_attention: CpAttention = "ring") -> LayerCompute:
     """`LayerCompute` of one block of an MoE and/or MLA model on one rank: the dense block's
     ops (`layer_forward_ops`) with the MLP swapped for `expert_ops` when ``moe_layer`` and the
     attention for `mla_ops` when the model uses MLA (cached)."""
     ops = layer_forward_ops(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                            attention, plan.dtype, plan.cp)
+                            attention, plan.dtype, plan.cp, cp_attention)
     t = plan.micro_batch * model.seq_len // plan.cp
     if model.is_mla:
         at = next(i for i, op in enumerate(ops) if op.name == "qkv")
@@ -187,15 +189,17 @@ def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: De
 
 
 def chunk_compute(model: ModelSpec, plan: Plan, chunk: int, attention: Attention,
-                  device: DeviceProfile, eff: Efficiency, imbalance: float = 1.0
-                  ) -> tuple[LayerCompute, int]:
+                  device: DeviceProfile, eff: Efficiency, imbalance: float = 1.0,
+                  cp_attention: CpAttention = "ring") -> tuple[LayerCompute, int]:
     """(mean `LayerCompute` per block, MoE blocks) of pipeline chunk ``chunk`` (pipeline
     order, as `Plan.layers_per_stage`), its dense and MoE blocks each costed by
     `block_compute`."""
     n_moe = chunk_moe_blocks(model, plan, chunk)
     n = plan.layers_per_stage(model)[chunk]
-    parts = [(n - n_moe, block_compute(model, plan, attention, device, eff, False)),
-             (n_moe, block_compute(model, plan, attention, device, eff, True, imbalance))]
+    parts = [(n - n_moe, block_compute(model, plan, attention, device, eff, False,
+                                       cp_attention=cp_attention)),
+             (n_moe, block_compute(model, plan, attention, device, eff, True, imbalance,
+                                   cp_attention))]
     parts = [(w, lc) for w, lc in parts if w]
     mean = LayerCompute(*(sum(w * getattr(lc, f) for w, lc in parts) / n
                           for f in ("fwd_s", "bwd_s", "attn_core_fwd_s", "host_fwd_s",
@@ -293,7 +297,8 @@ def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
 def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, stage: int,
                     attention: Attention, device: DeviceProfile, eff: Efficiency, *,
                     imbalance: float = 1.0, dispatcher: str = "alltoall",
-                    overlap: bool = False) -> tuple[LayerCompute, float, float]:
+                    overlap: bool = False, cp_attention: CpAttention = "ring"
+                    ) -> tuple[LayerCompute, float, float]:
     """(mean `LayerCompute` per block, exposed all-to-all seconds per block forward, the same
     backward) of pipeline chunk ``chunk`` on pipeline rank ``stage``, one micro-batch.
 
@@ -304,13 +309,15 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
     longer than the block's compute is exposed. Averaged over the chunk's blocks (dense
     blocks send nothing).
     """
-    mean, n_moe = chunk_compute(model, plan, chunk, attention, device, eff, imbalance)
+    mean, n_moe = chunk_compute(model, plan, chunk, attention, device, eff, imbalance,
+                                cp_attention)
     if n_moe == 0 or (plan.ep == 1 and plan.etp == 1):
         return mean, 0.0, 0.0
     a2a = dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
     fwd, bwd = 2 * a2a, 2 * a2a + (2 * a2a if plan.recompute == "full" else 0.0)
     if overlap:
-        block = block_compute(model, plan, attention, device, eff, True, imbalance)
+        block = block_compute(model, plan, attention, device, eff, True, imbalance,
+                              cp_attention)
         fwd, bwd = max(0.0, fwd - block.fwd_s), max(0.0, bwd - block.bwd_s)
     share = n_moe / plan.layers_per_stage(model)[chunk]
     return mean, fwd * share, bwd * share

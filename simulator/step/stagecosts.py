@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.step.compute import Attention, Efficiency
+from planner.spec import PlanError
+from simulator.step.compute import CP_ATTENTIONS, Attention, CpAttention, Efficiency
 
 #: PyTorch DDP's first gradient bucket (``first_bucket_bytes``, 1 MiB) and the later ones
 #: (``bucket_cap_mb=25``): ``torch/nn/parallel/distributed.py``.
@@ -93,6 +94,12 @@ class SimOptions:
         moe_a2a_overlap: MoE all-to-alls run beside another micro-batch's compute
             (Megatron-Core ``--overlap-moe-expert-parallel-comm``, DualPipe); only the part
             longer than the block's compute is exposed.
+        cp_attention: how context-parallel attention (cp > 1) exchanges keys and values:
+            'ring' (each rank's compact K/V block to the next rank, every hop under one
+            block's attention: Megatron-Core / Transformer Engine) or 'pytorch' (PyTorch's
+            ``context_parallel`` SDPA as torchtitan runs it: K/V all-gathered with the
+            query heads' width, fp32 gradient hops and merges;
+            `simulator.step.costs.torch_cp_comm`, `simulator.step.compute.torch_cp_merge_bytes`).
     """
 
     attention: Attention = "flash"
@@ -112,6 +119,12 @@ class SimOptions:
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
     optimizer_post_validation: bool = False
+    cp_attention: CpAttention = "ring"
+
+    def __post_init__(self) -> None:
+        if self.cp_attention not in CP_ATTENTIONS:
+            raise PlanError(f"cp_attention={self.cp_attention!r} is not one of "
+                            f"{list(CP_ATTENTIONS)}")
 
 
 DEFAULT_OPTIONS = SimOptions()

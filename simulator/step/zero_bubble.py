@@ -62,7 +62,8 @@ def wgrad_layer_s(model: ModelSpec, plan: Plan, attention: str, device: DevicePr
 
 
 def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attention: str,
-                   device: DeviceProfile, eff: Efficiency) -> list[StageCosts]:
+                   device: DeviceProfile, eff: Efficiency,
+                   cp_attention: str = "ring") -> list[StageCosts]:
     """``costs`` with ``wgrad_s`` set: each chunk's backward times the weight-gradient share
     of its device backward (the blocks' `wgrad_layer_s` plus, on the last chunk, the logits
     GEMM's wgrad, over the blocks' backward with any recomputation plus the edge backward).
@@ -72,7 +73,7 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
     GEMMs, like dense ones, cost their forward time in wgrad).
     """
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel, attention,
-                       plan.dtype, device, eff, plan.cp)
+                       plan.dtype, device, eff, plan.cp, cp_attention)
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     w_layer = wgrad_layer_s(model, plan, attention, device, eff)
     chunks = plan.layers_per_stage(model)

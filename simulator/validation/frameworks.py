@@ -11,7 +11,8 @@ A file holds:
   ``zero_stage``, ``micro_batch``, ``stage_split``, ``interleave_flag``, and optionally
   ``vocab`` and ``cluster``) and `SimOptions` fields (fused attention, TP-communication
   overlap, gradient-reduction bytes and bucket size, P2P behaviour, ZeRO-3 prefetch and
-  reduce-scatter overlap) plus ``overlap_dp``.
+  reduce-scatter overlap, and optionally the context-parallel attention) plus
+  ``overlap_dp``.
 * ``recipes``: sources whose launch scripts differ from the family defaults, each with its own
   ``match``, ``why`` and the ``defaults`` it overrides.
 * ``from_notes``: settings switched on when a regular expression matches the row's notes
@@ -47,6 +48,9 @@ REQUIRED = ("dtype", "attention", "recompute", "sequence_parallel", "zero_stage"
 OPTION_KEYS = ("attention", "tp_comm_overlap", "grad_reduce_bytes", "blocking_p2p",
                "p2p_scatter_gather", "overlap_param_gather", "zero3_unaggregated",
                "zero3_prefetch_params", "zero3_overlap_reduce", "fp32_main_grads")
+#: `SimOptions` fields a family may set; without them the `SimOptions` default holds
+#: (``cp_attention``: 'ring', for the families that never ran context parallelism).
+OPTIONAL_OPTION_KEYS = ("cp_attention",)
 
 
 def _matches(match: dict[str, list[str]], row: dict) -> bool:

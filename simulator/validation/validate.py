@@ -81,7 +81,13 @@ from simulator.network.cluster import Cluster, load_cluster
 from simulator.step.compute import load_framework
 from simulator.step.simulate import estimate, simulate
 from simulator.step.stagecosts import SimOptions
-from simulator.validation.frameworks import OPTION_KEYS, Framework, framework, pick_framework
+from simulator.validation.frameworks import (
+    OPTION_KEYS,
+    OPTIONAL_OPTION_KEYS,
+    Framework,
+    framework,
+    pick_framework,
+)
 from simulator.validation.memory_default import recompute_that_fits
 from simulator.validation.moe_rows import moe_fields, moe_options, row_ep
 from simulator.validation.precision import (  # noqa: F401 (row_precision: re-export)
@@ -490,6 +496,7 @@ def framework_options(fw: Framework, settings: dict, *, overlap_dp: bool) -> Sim
     (50000000.0, False, None)
     """
     values = {k: settings[k] for k in OPTION_KEYS}
+    values.update({k: settings[k] for k in OPTIONAL_OPTION_KEYS if k in settings})
     if values["zero3_prefetch_params"] is not None:
         values["zero3_prefetch_params"] = float(values["zero3_prefetch_params"])
     bucket = settings["dp_bucket_bytes"]

@@ -95,3 +95,22 @@ def test_missing_plan_file_exits_2():
     proc = _meshplan("simulate", "no-such-plan.yaml")
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr
+
+
+def test_validate_held_out_table_prints(tmp_path, capsys):
+    # The held-out table's own console: `--loso-carried` without --json printed nothing but
+    # a NameError. Two rows of two sources (cells as in ../shared/data's published_runs.csv
+    # format), no refit (--loso-iters 0): the table names the device it grouped by.
+    header = ("id,source,table,model,params_b,layers,hidden,heads,kv_heads,ffn_hidden,vocab,"
+              "seq_len,gpu,num_gpus,tp,pp,dp,cp,vpp,micro_batch,global_batch,recompute,"
+              "sequence_parallel,zero_stage,ref_step_time_s,ref_step_time_kind,"
+              "reported_tflops_per_gpu,reported_mfu,reported_hfu,notes")
+    rows = [f"a,NVIDIA/Megatron-LM README,t,GPT,1.3,24,2048,16,16,8192,51200,2048,"
+            f"H100 SXM 80GB,8,1,1,8,1,,1,64,,,,{t},reported,,,,precision=bf16"
+            for t in ("1.0", "2.0")]
+    rows[1] = rows[1].replace("a,NVIDIA/Megatron-LM", "b,pytorch/torchtitan")
+    csv = tmp_path / "runs.csv"
+    csv.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    assert main(["validate", "--runs", str(csv), "--loso-carried", "--loso-iters", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "leave-one-source-out" in out and "h100-sxm-80gb" in out
