@@ -15,8 +15,9 @@ Three torchrun runs of tiny-gpt (global batch 8, micro-batch 1) at dp=4 on this 
 Printed: each run's wall time (first step start to last step end, `runtime.accounting`), run
 2's restart time and measured goodput, and the predicted goodput of run 2
 (`simulator.failures.eviction.predicted_eviction_goodput`) fed with run 1's median step time
-(staying), run 3's (after) and the default restart cost `LOCAL_RESTART_S`: nothing of run 2
-itself.
+(staying), run 3's (after) and the restart run 2 predicted when it decided to evict (from its
+own evidence before the restart, `simulator.failures.eviction.restart_estimate_s`): nothing
+run 2 measured after its decision.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan
 from runtime.launch import run_plan
-from simulator.failures.eviction import LOCAL_RESTART_S, predicted_eviction_goodput
+from simulator.failures.eviction import predicted_eviction_goodput
 
 
 def step_times(out: Path) -> list[float]:
@@ -64,14 +65,15 @@ def measure(root: Path, args: argparse.Namespace) -> dict:
     after_s = statistics.median(step_times(root / "after")[1:])
     predicted = predicted_eviction_goodput(
         steps=args.steps, step_s=stay_s, step_s_staying=stay_s, step_s_after=after_s, onset=1,
-        window=at, restart_s=LOCAL_RESTART_S)
+        window=at, restart_s=decision["restart_s"])
     return {"steps": args.steps, "factor": args.factor, "window": args.window,
             "evicted_after_step": at, "old_plan": decision["old_plan"],
             "new_plan": decision["new_plan"], "decision": decision["line"],
             "stay_wall_s": stay["wall_time_s"], "evict_wall_s": evict["wall_time_s"],
             "stay_step_s": stay_s, "after_step_s": after_s,
             "restart_s": evict["restart_times_s"], "measured_goodput": evict["goodput"],
-            "predicted_goodput": predicted, "assumed_restart_s": LOCAL_RESTART_S,
+            "predicted_goodput": predicted, "predicted_restart_s": decision["restart_s"],
+            "restart_basis": decision["restart_basis"],
             "load_average": loads}
 
 
@@ -98,7 +100,8 @@ def main() -> None:
           f"faster), restart {', '.join(f'{x:.1f}' for x in r['restart_s'])} s, median step "
           f"after {r['after_step_s']:.3f} s ({r['new_plan']})")
     print(f"goodput of the evicting run: measured {r['measured_goodput']:.3f}, predicted "
-          f"{r['predicted_goodput']:.3f} (restart {r['assumed_restart_s']:.0f} s assumed), "
+          f"{r['predicted_goodput']:.3f} (restart {r['predicted_restart_s']:.1f} s predicted: "
+          f"{r['restart_basis']}), "
           f"error {100 * error:+.1f}%; load average {r['load_average']}")
 
 

@@ -18,6 +18,9 @@ straggler (`runtime.health`), with a checkpoint of that step (`runtime.resilienc
    model uses). The old plan's step time with the straggler comes from the simulator's
    straggler model (`simulator.step.simulate.estimate` with ``stragglers``), with the
    measured slowdown (compute over the peers' median, the inverse of the relative score).
+   The restart is predicted from what this job measured of itself
+   (`runtime.accounting.restart_evidence`: the stop so far, its own launch's start-up, a
+   checkpoint load), by `simulator.failures.eviction.restart_estimate_s`.
 
 The decision is logged as one line (`decision_line`) and kept in summary.json
 (``evictions``): what was seen, old plan → new plan, the predicted step time before and after.
@@ -25,6 +28,7 @@ The decision is logged as one line (`decision_line`) and kept in summary.json
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -51,6 +55,8 @@ class Eviction:
         pays: whether leaving is predicted to save time over the steps left (the job leaves
             either way: ``--on-straggler evict`` asks for it; the line says what it costs).
         reason: the arithmetic of ``pays``.
+        restart_s / restart_basis: the predicted restart and what it rests on
+            (`simulator.failures.eviction.restart_estimate_s`).
     """
 
     seen: list[dict]
@@ -64,6 +70,8 @@ class Eviction:
     predicted_step_s_after: float
     pays: bool
     reason: str
+    restart_s: float
+    restart_basis: str
     new_world: int = field(default=0)
 
     def to_dict(self) -> dict:
@@ -159,16 +167,20 @@ def straggler_step_s(pf: PlanFile, seen: list[dict]) -> float:
 
 
 def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_per_node: int,
-                    spares: int, restart_s: float) -> tuple[Eviction, PlanFile]:
+                    spares: int, events: list[dict] = (), launched_unix_s: float | None = None,
+                    clock=time.time) -> tuple[Eviction, PlanFile]:
     """What to do about the stragglers of ``evicted`` (summary.json's ``evicted``: step,
     ranks, stragglers) of the job running ``plan_path`` for ``steps`` steps (module
     docstring). Returns the decision and the plan file to resume with.
 
     Args:
-        restart_s: the time one stop-and-resume costs (measured restarts of this job, or the
-            default of `simulator.failures.eviction`).
+        events: the job's event log (`runtime.accounting.read_events`), its evidence of what
+            a restart costs; none: `simulator.failures.eviction.LOCAL_RESTART_S`.
+        launched_unix_s: when the launch that ran the job's latest attempts started.
+        clock: the time now (unix s), read after the re-planning, which the stop includes.
     """
-    from simulator.failures.eviction import eviction_pays
+    from runtime.accounting import restart_evidence
+    from simulator.failures.eviction import eviction_pays, restart_estimate_s
     pf = read_plan_file(plan_path)
     world = pf.plan.world_size
     kept, bad_nodes, used = surviving_ranks(world, evicted["ranks"],
@@ -182,6 +194,8 @@ def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_p
     else:
         new_pf, after = best_plan_on(pf, len(kept))
     left = steps - evicted["step"]
+    restart_s, basis = restart_estimate_s(restart_evidence(
+        list(events), launched_unix_s=launched_unix_s, now_unix_s=clock()) if events else None)
     pays = eviction_pays(step_s_staying=before, step_s_after=after, steps_left=left,
                          restart_s=restart_s)
     reason = (f"{left} steps left x ({before:.3f} - {after:.3f}) s = "
@@ -191,6 +205,7 @@ def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_p
                         kept_ranks=kept, spares_used=used, old_plan=pf.plan.id,
                         new_plan=new_pf.plan.id, predicted_step_s_before=before,
                         predicted_step_s_after=after, pays=pays, reason=reason,
+                        restart_s=restart_s, restart_basis=basis,
                         new_world=new_pf.plan.world_size)
     return decision, new_pf
 
@@ -202,7 +217,7 @@ def decision_line(d: Eviction) -> str:
     return (f"meshplan evict: after step {d.step} saw {seen}; {verb} node(s) {d.bad_nodes} "
             f"({len(d.kept_ranks)} ranks left); plan {d.old_plan} -> {d.new_plan}; predicted "
             f"step {d.predicted_step_s_before:.3f} s with the straggler -> "
-            f"{d.predicted_step_s_after:.3f} s ({d.reason})")
+            f"{d.predicted_step_s_after:.3f} s ({d.reason}; restart: {d.restart_basis})")
 
 
 def write_evicted_plan(out: Path, number: int, pf: PlanFile) -> Path:
@@ -212,24 +227,22 @@ def write_evicted_plan(out: Path, number: int, pf: PlanFile) -> Path:
 
 def continue_after_eviction(plan_path, summary: dict, *, out: Path, steps: int,
                             inject: list[str], spares: int, ranks_per_node: int, relaunch,
-                            quiet: bool = False) -> dict:
+                            launched_unix_s: float | None = None, quiet: bool = False) -> dict:
     """Decide on the stragglers that stopped the job (``summary["evicted"]``), log the
     decision, and resume the job from its checkpoint on the new plan (or the same plan with
     spares swapped in) through ``relaunch(plan_path, nproc, inject, spares_left)``; returns
     the whole job's summary with ``evictions`` (every decision, in order).
 
-    Restart cost of the decision: the job's measured restarts (``restart_times_s``), else
-    `simulator.failures.eviction.LOCAL_RESTART_S`.
+    Restart cost of the decision: this job's own evidence in ``out``'s event log, with
+    ``launched_unix_s`` the start of the launch that just stopped (`decide_eviction`).
     """
     import json
-    import statistics
 
-    from simulator.failures.eviction import LOCAL_RESTART_S
-    measured = summary.get("restart_times_s") or []
-    restart_s = statistics.median(measured) if measured else LOCAL_RESTART_S
+    from runtime.accounting import read_events
     decision, new_pf = decide_eviction(plan_path, summary["evicted"], steps=steps,
                                        ranks_per_node=ranks_per_node, spares=spares,
-                                       restart_s=restart_s)
+                                       events=read_events(out),
+                                       launched_unix_s=launched_unix_s)
     line = decision_line(decision)
     if not quiet:
         print(line, flush=True)

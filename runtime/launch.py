@@ -175,7 +175,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         return continue_after_eviction(plan_file_path, summary, out=Path(out_dir), steps=steps,
                                        inject=list(inject), spares=spares,
                                        ranks_per_node=ranks_per_node, relaunch=relaunch,
-                                       quiet=quiet)
+                                       launched_unix_s=started, quiet=quiet)
     return summary
 
 

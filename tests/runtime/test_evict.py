@@ -9,17 +9,34 @@ import shutil
 import pytest
 
 from planner.spec import PlanError
+from runtime.accounting import restart_evidence
 from runtime.evict import decide_eviction, remap_faults, surviving_ranks
 from runtime.launch import run_plan
 from simulator.failures.eviction import (
+    LOCAL_RESTART_S,
+    RestartEvidence,
     eviction_pays,
     predicted_eviction_goodput,
+    restart_estimate_s,
     straggler_run_time_s,
 )
 
 SLOW = {"step": 3, "ranks": [1], "stragglers": [
     {"rank": 1, "step": 3, "first_step": 1, "score": 0.33, "compute_time_s": 0.3,
      "peers_median_s": 0.1}]}
+
+
+def event(name: str, attempt: int, t: float, **fields) -> dict:
+    return {"event": name, "attempt": attempt, "time_unix_s": t, **fields}
+
+
+#: A job launched at t = 100 s: its processes were up at 112 s, it trained steps 1-3 and
+#: stopped after step 3 for an eviction, whose checkpoint landed 1.5 s after the step.
+EVICTED_JOB = [event("attempt_start", 0, 112.0), event("resumed", 0, 112.05, from_step=0,
+                                                         source=None),
+               event("step", 0, 120.0, step=1), event("step", 0, 125.0, step=2),
+               event("step", 0, 130.0, step=3), event("checkpoint", 0, 130.1, step=3),
+               event("evict", 0, 131.5, step=3), event("finished", 0, 131.6, step=3)]
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +68,79 @@ def test_faults_of_the_evicted_rank_leave_with_it_and_the_rest_are_renumbered():
 
 class TestDecision:
     def test_the_new_plan_fits_the_ranks_left_and_keeps_the_global_batch(self, dp4_plan):
-        decision, pf = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=2, spares=0,
-                                       restart_s=8.0)
+        decision, pf = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=2, spares=0)
         assert pf.plan.world_size <= 2 and pf.plan.global_batch == 8
         assert pf.cluster.ranks == pf.plan.world_size
         assert decision.old_plan == "tp1-pp1-dp4-mb1-gb8" and decision.new_plan == pf.plan.id
         assert decision.kept_ranks == [2, 3] and decision.bad_nodes == [0]
 
     def test_a_spare_keeps_the_plan(self, dp4_plan):
-        decision, pf = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=1,
-                                       restart_s=8.0)
+        decision, pf = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=1)
         assert pf.plan.id == "tp1-pp1-dp4-mb1-gb8" and decision.spares_used == 1
         # healthy again: the straggler's prediction is never faster than the healthy one
         assert decision.predicted_step_s_after <= decision.predicted_step_s_before
+
+
+    def test_the_restart_is_predicted_from_the_jobs_own_evidence(self, dp4_plan):
+        # decided at t = 134 s: stop 134 - 130 = 4 s, start-up 112 - 100 = 12 s, load taken as
+        # the checkpoint's write 131.5 - 130 = 1.5 s; 4 + 12 + 1.5 = 17.5 s (hand sum)
+        decision, _ = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=0,
+                                      events=EVICTED_JOB, launched_unix_s=100.0,
+                                      clock=lambda: 134.0)
+        assert decision.restart_s == pytest.approx(17.5)
+        assert "restart 17.5 s" in decision.reason
+        assert "measured by this job" in decision.restart_basis
+        # the decision rule is fed the same figure
+        assert decision.pays == eviction_pays(
+            step_s_staying=decision.predicted_step_s_before,
+            step_s_after=decision.predicted_step_s_after, steps_left=17, restart_s=17.5)
+
+    def test_without_evidence_the_restart_is_the_default(self, dp4_plan):
+        decision, _ = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=0)
+        assert decision.restart_s == LOCAL_RESTART_S == 8.0
+        assert decision.restart_basis == "default, nothing measured"
+
+
+class TestRestartEstimate:
+    def test_a_resume_repeats_the_stop_the_start_up_and_a_load(self):
+        # 4 + 12 + 1.5 = 17.5 s (hand sum)
+        assert restart_estimate_s(RestartEvidence(stop_s=4.0, start_up_s=12.0, load_s=1.5))[0] \
+            == 17.5
+
+    def test_without_a_start_up_the_median_of_measured_restarts(self):
+        # sorted [9, 11, 30]: the median is 11
+        assert restart_estimate_s(RestartEvidence(restarts_s=[30.0, 9.0, 11.0]))[0] == 11.0
+
+    def test_nothing_measured_is_the_default(self):
+        assert restart_estimate_s(RestartEvidence()) == (8.0, "default, nothing measured")
+
+    def test_a_duration_cannot_be_negative(self):
+        with pytest.raises(PlanError, match="start_up_s=-1.0 must be >= 0"):
+            RestartEvidence(start_up_s=-1.0)
+
+
+class TestRestartEvidence:
+    def test_stop_start_up_and_write_of_an_evicted_job(self):
+        e = restart_evidence(EVICTED_JOB, launched_unix_s=100.0, now_unix_s=134.0)
+        assert (e.stop_s, e.start_up_s, e.load_s) == pytest.approx((4.0, 12.0, 1.5))
+        assert e.restarts_s == []
+
+    def test_a_timed_load_replaces_the_write(self):
+        # relaunched at t = 190 s from step 3's checkpoint: up at 200 s, loaded by 200.4 s
+        job = EVICTED_JOB + [event("attempt_start", 1, 200.0),
+                             event("resumed", 1, 200.4, from_step=3, source="ckpt"),
+                             event("step", 1, 201.0, step=4), event("step", 1, 202.0, step=5),
+                             event("evict", 1, 203.0, step=5)]
+        e = restart_evidence(job, launched_unix_s=190.0, now_unix_s=205.0)
+        # stop 205 - 202 = 3 s; start-up 200 - 190 = 10 s; load 200.4 - 200 = 0.4 s; the one
+        # restart so far: step 3's end (130) to training again (200.4) = 70.4 s
+        assert (e.stop_s, e.start_up_s, e.load_s) == pytest.approx((3.0, 10.0, 0.4))
+        assert e.restarts_s == pytest.approx([70.4])
+
+    def test_an_unknown_launch_leaves_the_start_up_unmeasured(self):
+        e = restart_evidence(EVICTED_JOB, launched_unix_s=None, now_unix_s=134.0)
+        assert e.start_up_s is None
+        assert restart_estimate_s(e)[0] == LOCAL_RESTART_S
 
 
 class TestEvictionCost:
