@@ -65,16 +65,19 @@ def restart_evidence(events: list[dict], *, launched_unix_s: float | None,
       event's step, else the newest step);
     - start-up: the first "attempt_start" at or after ``launched_unix_s`` (the launch the
       job's latest attempts came from; None: not known) minus that launch time;
+    - build: the newest "attempt_start"'s ``build_s`` (its process group, mesh, model and
+      optimizer, `runtime.resilience.Resilience`);
     - load: the newest attempt's "attempt_start" to "resumed" span among attempts that loaded
       a checkpoint; else the write of the checkpoint the job stopped with (its step's end to
       the "evict" event, which follows the landing).
 
-    >>> events = [{"event": "attempt_start", "attempt": 0, "time_unix_s": 110.0},
+    >>> events = [{"event": "attempt_start", "attempt": 0, "time_unix_s": 110.0,
+    ...            "build_s": 0.5},
     ...           {"event": "resumed", "attempt": 0, "time_unix_s": 110.1, "source": None},
     ...           {"event": "step", "attempt": 0, "step": 5, "time_unix_s": 130.0},
     ...           {"event": "evict", "attempt": 0, "step": 5, "time_unix_s": 131.5}]
     >>> restart_evidence(events, launched_unix_s=100.0, now_unix_s=134.0)
-    RestartEvidence(stop_s=4.0, start_up_s=10.0, load_s=1.5, restarts_s=[])
+    RestartEvidence(stop_s=4.0, start_up_s=10.0, build_s=0.5, load_s=1.5, restarts_s=[])
     """
     steps = {(e["attempt"], e["step"]): e["time_unix_s"] for e in events if e["event"] == "step"}
     evicts = [e for e in events if e["event"] == "evict"]
@@ -83,12 +86,14 @@ def restart_evidence(events: list[dict], *, launched_unix_s: float | None,
     starts = {e["attempt"]: e["time_unix_s"] for e in events if e["event"] == "attempt_start"}
     start_up = None if launched_unix_s is None else next(
         (t - launched_unix_s for t in sorted(starts.values()) if t >= launched_unix_s), None)
+    builds = [e["build_s"] for e in events if e["event"] == "attempt_start" and "build_s" in e]
     loads = [e["time_unix_s"] - starts[e["attempt"]] for e in events
              if e["event"] == "resumed" and e.get("source") and e["attempt"] in starts]
     load = loads[-1] if loads else (evicts[-1]["time_unix_s"] - stopped
                                     if evicts and stopped is not None else None)
     return RestartEvidence(stop_s=None if stopped is None else max(0.0, now_unix_s - stopped),
-                           start_up_s=start_up, load_s=load, restarts_s=restart_times_s(events))
+                           start_up_s=start_up, build_s=builds[-1] if builds else None,
+                           load_s=load, restarts_s=restart_times_s(events))
 
 
 def job_accounting(events: list[dict], records: list[dict]) -> dict:

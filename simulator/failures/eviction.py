@@ -44,6 +44,8 @@ class RestartEvidence:
             searched.
         start_up_s: the job's latest launch to its first attempt's start: the launcher, the
             worker processes and their imports, the process group, the model build.
+        build_s: the part of that start-up a process that stays does again: the process
+            group, the mesh, the model and its optimizer (the job's latest timed build).
         load_s: a checkpoint load this job timed, else the write of the checkpoint it stops
             with (the load reads the bytes that write put down).
         restarts_s: this job's measured restarts (last step to training again).
@@ -51,36 +53,44 @@ class RestartEvidence:
 
     stop_s: float | None = None
     start_up_s: float | None = None
+    build_s: float | None = None
     load_s: float | None = None
     restarts_s: Sequence[float] = ()
 
     def __post_init__(self) -> None:
-        for name in ("stop_s", "start_up_s", "load_s"):
+        for name in ("stop_s", "start_up_s", "build_s", "load_s"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise PlanError(f"{name}={value} must be >= 0 (a measured duration)")
 
 
-def restart_estimate_s(evidence: RestartEvidence | None = None) -> tuple[float, str]:
+def restart_estimate_s(evidence: RestartEvidence | None = None, *,
+                       in_place: bool = False) -> tuple[float, str]:
     """(predicted seconds of one stop-and-resume, what the figure rests on).
 
-    A resume repeats what the job's own launch did, so with a measured start-up the cost is
-    stop + start-up + load (each measured by this job, `RestartEvidence`); without one, the
-    median of the job's measured restarts; without those, `LOCAL_RESTART_S`. This is the
-    ``restart_s`` of `eviction_pays` and `predicted_eviction_goodput`.
+    A resume repeats what the job itself did to start, each part measured by this job
+    (`RestartEvidence`): relaunched (new processes), stop + start-up + load; ``in_place``
+    (the processes that stay form the smaller group themselves, `runtime.evict`), stop +
+    build + load. Without that part measured: the median of the job's measured restarts;
+    without those, `LOCAL_RESTART_S`. This is the ``restart_s`` of `eviction_pays` and
+    `predicted_eviction_goodput`.
 
     >>> restart_estimate_s(RestartEvidence(stop_s=4.0, start_up_s=9.5, load_s=0.5))
     (14.0, 'stop 4.0 + start-up 9.5 + load 0.5 s, measured by this job')
+    >>> restart_estimate_s(RestartEvidence(stop_s=4.0, start_up_s=9.5, build_s=0.3,
+    ...                                    load_s=0.5), in_place=True)
+    (4.8, 'stop 4.0 + build 0.3 + load 0.5 s, measured by this job')
     >>> restart_estimate_s(RestartEvidence(restarts_s=[12.0, 20.0, 13.0]))
     (13.0, 'median of 3 measured restart(s)')
     >>> restart_estimate_s()
     (8.0, 'default, nothing measured')
     """
     e = evidence or RestartEvidence()
-    if e.start_up_s is not None:
+    start, name = (e.build_s, "build") if in_place else (e.start_up_s, "start-up")
+    if start is not None:
         stop, load = e.stop_s or 0.0, e.load_s or 0.0
-        return (stop + e.start_up_s + load,
-                f"stop {stop:.1f} + start-up {e.start_up_s:.1f} + load {load:.1f} s, "
+        return (stop + start + load,
+                f"stop {stop:.1f} + {name} {start:.1f} + load {load:.1f} s, "
                 "measured by this job")
     if e.restarts_s:
         return (statistics.median(e.restarts_s),

@@ -10,7 +10,15 @@ import pytest
 
 from planner.spec import PlanError
 from runtime.accounting import restart_evidence
-from runtime.evict import decide_eviction, remap_faults, surviving_ranks
+from runtime.evict import (
+    await_decision,
+    decide_eviction,
+    eviction_number,
+    publish_decision,
+    remap_faults,
+    role_after,
+    surviving_ranks,
+)
 from runtime.launch import run_plan
 from simulator.failures.eviction import (
     LOCAL_RESTART_S,
@@ -30,10 +38,11 @@ def event(name: str, attempt: int, t: float, **fields) -> dict:
     return {"event": name, "attempt": attempt, "time_unix_s": t, **fields}
 
 
-#: A job launched at t = 100 s: its processes were up at 112 s, it trained steps 1-3 and
-#: stopped after step 3 for an eviction, whose checkpoint landed 1.5 s after the step.
-EVICTED_JOB = [event("attempt_start", 0, 112.0), event("resumed", 0, 112.05, from_step=0,
-                                                         source=None),
+#: A job launched at t = 100 s: its processes were up at 112 s (0.5 s of it the process
+#: group, mesh, model and optimizer), it trained steps 1-3 and stopped after step 3 for an
+#: eviction, whose checkpoint landed 1.5 s after the step.
+EVICTED_JOB = [event("attempt_start", 0, 112.0, build_s=0.5),
+               event("resumed", 0, 112.05, from_step=0, source=None),
                event("step", 0, 120.0, step=1), event("step", 0, 125.0, step=2),
                event("step", 0, 130.0, step=3), event("checkpoint", 0, 130.1, step=3),
                event("evict", 0, 131.5, step=3), event("finished", 0, 131.6, step=3)]
@@ -81,19 +90,29 @@ class TestDecision:
         assert decision.predicted_step_s_after <= decision.predicted_step_s_before
 
 
-    def test_the_restart_is_predicted_from_the_jobs_own_evidence(self, dp4_plan):
-        # decided at t = 134 s: stop 134 - 130 = 4 s, start-up 112 - 100 = 12 s, load taken as
-        # the checkpoint's write 131.5 - 130 = 1.5 s; 4 + 12 + 1.5 = 17.5 s (hand sum)
+    def test_staying_ranks_predict_their_restart_from_their_own_build(self, dp4_plan):
+        # decided at t = 134 s: stop 134 - 130 = 4 s, build 0.5 s, load taken as the
+        # checkpoint's write 131.5 - 130 = 1.5 s; 4 + 0.5 + 1.5 = 6 s (hand sum)
         decision, _ = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=0,
                                       events=EVICTED_JOB, launched_unix_s=100.0,
                                       clock=lambda: 134.0)
-        assert decision.restart_s == pytest.approx(17.5)
-        assert "restart 17.5 s" in decision.reason
-        assert "measured by this job" in decision.restart_basis
+        assert decision.in_place
+        assert decision.restart_s == pytest.approx(6.0)
+        assert "restart 6.0 s" in decision.reason
+        assert decision.restart_basis == ("stop 4.0 + build 0.5 + load 1.5 s, measured by "
+                                          "this job")
         # the decision rule is fed the same figure
         assert decision.pays == eviction_pays(
             step_s_staying=decision.predicted_step_s_before,
-            step_s_after=decision.predicted_step_s_after, steps_left=17, restart_s=17.5)
+            step_s_after=decision.predicted_step_s_after, steps_left=17, restart_s=6.0)
+
+    def test_a_relaunch_for_a_spare_predicts_the_jobs_whole_start_up(self, dp4_plan):
+        # new processes: stop 4 s + start-up 112 - 100 = 12 s + load 1.5 s = 17.5 s
+        decision, _ = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=1,
+                                      events=EVICTED_JOB, launched_unix_s=100.0,
+                                      clock=lambda: 134.0)
+        assert not decision.in_place
+        assert decision.restart_s == pytest.approx(17.5)
 
     def test_without_evidence_the_restart_is_the_default(self, dp4_plan):
         decision, _ = decide_eviction(dp4_plan, SLOW, steps=20, ranks_per_node=1, spares=0)
@@ -101,11 +120,42 @@ class TestDecision:
         assert decision.restart_basis == "default, nothing measured"
 
 
+class TestInPlace:
+    """The ranks that stay form the smaller group in their own processes."""
+
+    SHRINK = {"in_place": True, "kept_ranks": [0, 2, 3], "new_world": 2}
+
+    def test_the_first_ranks_left_take_the_new_plans_ranks_in_order(self):
+        # kept [0, 2, 3] and a 2-rank plan: old rank 0 -> 0, old rank 2 -> 1, old rank 3 leaves
+        assert [role_after(self.SHRINK, r) for r in range(4)] == [0, None, 1, None]
+
+    def test_every_rank_leaves_for_a_relaunch_or_an_error(self):
+        assert role_after(self.SHRINK | {"in_place": False}, 0) is None
+        assert role_after({"error": "nothing is left"}, 0) is None
+
+    def test_a_published_decision_is_what_the_ranks_read(self, tmp_path):
+        (tmp_path / "faults").mkdir()
+        publish_decision(tmp_path, 2, self.SHRINK)
+        assert await_decision(tmp_path, 2, timeout_s=1.0) == self.SHRINK
+
+    def test_a_stop_signal_ends_the_wait(self, tmp_path):
+        assert await_decision(tmp_path, 1, stopped=lambda: True, timeout_s=60.0) is None
+
+    def test_evictions_are_numbered_over_the_whole_job(self):
+        assert eviction_number(EVICTED_JOB) == 1
+        assert eviction_number(EVICTED_JOB + [event("evict", 1, 140.0, step=6)]) == 2
+
+
 class TestRestartEstimate:
-    def test_a_resume_repeats_the_stop_the_start_up_and_a_load(self):
+    def test_a_relaunch_repeats_the_stop_the_start_up_and_a_load(self):
         # 4 + 12 + 1.5 = 17.5 s (hand sum)
         assert restart_estimate_s(RestartEvidence(stop_s=4.0, start_up_s=12.0, load_s=1.5))[0] \
             == 17.5
+
+    def test_in_place_the_build_replaces_the_start_up(self):
+        # 4 + 0.5 + 1.5 = 6 s (hand sum)
+        evidence = RestartEvidence(stop_s=4.0, start_up_s=12.0, build_s=0.5, load_s=1.5)
+        assert restart_estimate_s(evidence, in_place=True)[0] == 6.0
 
     def test_without_a_start_up_the_median_of_measured_restarts(self):
         # sorted [9, 11, 30]: the median is 11
@@ -122,7 +172,8 @@ class TestRestartEstimate:
 class TestRestartEvidence:
     def test_stop_start_up_and_write_of_an_evicted_job(self):
         e = restart_evidence(EVICTED_JOB, launched_unix_s=100.0, now_unix_s=134.0)
-        assert (e.stop_s, e.start_up_s, e.load_s) == pytest.approx((4.0, 12.0, 1.5))
+        assert (e.stop_s, e.start_up_s, e.build_s, e.load_s) == pytest.approx(
+            (4.0, 12.0, 0.5, 1.5))
         assert e.restarts_s == []
 
     def test_a_timed_load_replaces_the_write(self):
@@ -175,6 +226,7 @@ def test_a_slowed_rank_is_evicted_and_the_job_ends_on_fewer_ranks(dp4_plan, tmp_
                        straggler_window=3)
     (decision,) = summary["evictions"]
     assert [s["rank"] for s in decision["seen"]] == [1]
+    assert decision["in_place"]               # the ranks that stayed kept their processes
     assert summary["world_size"] in (2, 3) and summary["plan_id"] == decision["new_plan"]
     # step k trains on samples [8k, 8k + 8) on any layout (runtime.data), so the whole job
     # saw samples 0 .. 79 in order, none lost or repeated
