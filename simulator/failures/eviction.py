@@ -3,8 +3,9 @@
 A device turns slow at step ``onset``: every step from then on takes ``step_s_staying``
 instead of ``step_s``. The detector confirms it after ``window`` slow steps
 (`runtime.health`); evicting then costs one stop-and-resume (``restart_s``: the save of the
-confirming step, the process start, the rendezvous and the checkpoint load on the new layout)
-and every later step takes ``step_s_after`` (the new plan on the devices that remain).
+confirming step, the re-planning, the rendezvous and model build of the smaller group (with
+new processes' start-up when a spare joins) and the checkpoint load on the new layout) and
+every later step takes ``step_s_after`` (the new plan on the devices that remain).
 
 `eviction_pays` is the decision rule of `runtime.evict.decide_eviction`: leave when the time the
 steps left save is more than the restart costs. `straggler_run_time_s` is the wall time of a
