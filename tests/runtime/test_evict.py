@@ -4,16 +4,19 @@ left, and the job resumes from the checkpoint of the confirming step on the new 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 
 from planner.spec import PlanError
 from runtime.accounting import restart_evidence
+from runtime.config import TrainConfig
 from runtime.evict import (
     await_decision,
     decide_eviction,
     eviction_number,
+    next_layout,
     publish_decision,
     remap_faults,
     role_after,
@@ -140,6 +143,36 @@ class TestInPlace:
 
     def test_a_stop_signal_ends_the_wait(self, tmp_path):
         assert await_decision(tmp_path, 1, stopped=lambda: True, timeout_s=60.0) is None
+
+    def test_a_staying_rank_takes_its_new_role_the_new_plan_and_its_renumbered_faults(
+            self, tmp_path, monkeypatch):
+        (tmp_path / "faults").mkdir()
+        (tmp_path / "faults" / "events.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in EVICTED_JOB))
+        publish_decision(tmp_path, 1, self.SHRINK | {"plan_file": "new.yaml",
+                                                     "inject": ["kill:rank=1,step=9"]})
+        # set through monkeypatch, so that what next_layout rewrites is undone after the test
+        for name in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MESHPLAN_LAYOUT"):
+            monkeypatch.setenv(name, "0")
+        monkeypatch.setenv("RANK", "2")
+        config = TrainConfig(plan_path="old.yaml", out_dir=str(tmp_path),
+                             inject=("slow:rank=1,factor=3", "kill:rank=2,step=9"),
+                             on_straggler="evict")
+        new = next_layout(config)
+        # old rank 2 is new rank 1 of 2, in the rendezvous of the job's first eviction
+        assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MESHPLAN_LAYOUT"]) \
+            == ("1", "2", "1")
+        assert new.plan_path == "new.yaml" and new.inject == ("kill:rank=1,step=9",)
+        assert new.resume == str(tmp_path / "checkpoints")
+
+    def test_a_rank_beyond_the_new_plan_leaves(self, tmp_path, monkeypatch):
+        (tmp_path / "faults").mkdir()
+        (tmp_path / "faults" / "events.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in EVICTED_JOB))
+        publish_decision(tmp_path, 1, self.SHRINK | {"plan_file": "new.yaml", "inject": []})
+        monkeypatch.setenv("RANK", "3")
+        config = TrainConfig(plan_path="old.yaml", out_dir=str(tmp_path), on_straggler="evict")
+        assert next_layout(config) is None
 
     def test_evictions_are_numbered_over_the_whole_job(self):
         assert eviction_number(EVICTED_JOB) == 1
