@@ -348,19 +348,20 @@ def decide_in_flight(plan_path, *, out: Path, steps: int, inject: list[str], spa
     ``out``'s event log, with ``launched_unix_s`` the start of the running launch.
 
     Raises:
-        PlanError: nothing is left to resume on (the ranks are told to leave first).
+        PlanError: nothing is left to resume on. On this or any other error the ranks are
+            told to leave first, so none waits for a decision that will not come.
     """
     import json
 
     from runtime.accounting import read_events
     events = read_events(out)
     number = eviction_number(events)
-    evicted = json.loads((Path(out) / "summary.json").read_text())["evicted"]
     try:
+        evicted = json.loads((Path(out) / "summary.json").read_text())["evicted"]
         decision, new_pf = decide_eviction(plan_path, evicted, steps=steps,
                                            ranks_per_node=ranks_per_node, spares=spares,
                                            events=events, launched_unix_s=launched_unix_s)
-    except PlanError as exc:
+    except Exception as exc:
         publish_decision(out, number, {"error": str(exc)})
         raise
     line = decision_line(decision)

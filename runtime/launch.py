@@ -21,7 +21,6 @@ from pathlib import Path
 
 from planner.launch import torchrun_command
 from planner.planfile import read_plan_file
-from planner.spec import PlanError
 from runtime.faults import fault_cli_args
 from runtime.interrupts import finished_summary, forward_signals, hung_ranks, signal_name
 
@@ -133,7 +132,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                          straggler_window=straggler_window, on_straggler=on_straggler)
     flags += ["--ep", str(ep)] if ep else []
     evictions: list[dict] = []
-    unplannable: list[PlanError] = []
+    undecided: list[Exception] = []
     on_line = None
     if on_straggler == "evict":
         # the planner is imported now, before the launch, not while the stopped ranks wait
@@ -141,15 +140,15 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         from runtime.evict import STOPPED_PREFIX, decide_in_flight
 
         def on_line(line: str) -> None:
-            if not line.startswith(STOPPED_PREFIX) or unplannable:
+            if not line.startswith(STOPPED_PREFIX) or undecided:
                 return
             try:
                 evictions.append(decide_in_flight(
                     plan_file_path, out=Path(out_dir), steps=steps, inject=list(inject),
                     spares=spares, ranks_per_node=ranks_per_node, launched_unix_s=started,
                     quiet=quiet))
-            except PlanError as exc:           # the ranks were told to leave
-                unplannable.append(exc)
+            except Exception as exc:           # the ranks were told to leave; raised below
+                undecided.append(exc)
     started, group = time.time(), []
     with forward_signals(lambda: group[0] if group else None) as signals:
         rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet, on_start=group.append,
@@ -157,8 +156,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     if signals:
         raise RunInterrupted(interrupted_line(signals[0], plan_file_path, out_dir, steps, flags),
                              signals[0])
-    if unplannable:
-        raise unplannable[0]
+    if undecided:
+        raise undecided[0]
     if rc != 0 and (done := finished_summary(Path(out_dir), steps, started)) is not None:
         # torchrun itself died (killed), its workers finished the job and wrote the summary
         done["launcher_exit_status"] = rc
