@@ -250,14 +250,20 @@ def global_sample_ids(out) -> list[int]:
     return [i for line in lines for i in line["samples"]]
 
 
+def evicting_run(plan, out, steps: int, **options) -> tuple[dict, dict]:
+    """(summary, its one eviction) of a 4-rank job whose rank 1 computes 3x slower."""
+    summary = run_plan(plan, steps=steps, out_dir=out, quiet=True, timeout_s=300,
+                       inject=["slow:rank=1,factor=3"], on_straggler="evict",
+                       straggler_window=3, **options)
+    (decision,) = summary["evictions"]
+    return summary, decision
+
+
 @pytest.mark.slow
 def test_a_slowed_rank_is_evicted_and_the_job_ends_on_fewer_ranks(dp4_plan, tmp_path):
     out = tmp_path / "job"
     steps = 10
-    summary = run_plan(dp4_plan, steps=steps, out_dir=out, quiet=True, timeout_s=300,
-                       inject=["slow:rank=1,factor=3"], on_straggler="evict",
-                       straggler_window=3)
-    (decision,) = summary["evictions"]
+    summary, decision = evicting_run(dp4_plan, out, steps)
     assert [s["rank"] for s in decision["seen"]] == [1]
     assert decision["in_place"]               # the ranks that stayed kept their processes
     assert summary["world_size"] in (2, 3) and summary["plan_id"] == decision["new_plan"]
@@ -273,3 +279,15 @@ def test_a_slowed_rank_is_evicted_and_the_job_ends_on_fewer_ranks(dp4_plan, tmp_
     again = run_plan(decision["plan_file"], steps=steps, out_dir=tmp_path / "again",
                      quiet=True, timeout_s=150, resume=copy)
     assert summary["losses"][at:] == again["losses"]
+
+
+@pytest.mark.slow
+def test_a_spare_takes_the_bad_nodes_place_on_new_processes(dp4_plan, tmp_path):
+    out = tmp_path / "job"
+    steps = 8
+    summary, decision = evicting_run(dp4_plan, out, steps, spares=1)
+    # the spare needs a process of its own: the job was relaunched on the same 4-rank plan
+    assert not decision["in_place"] and decision["spares_used"] == 1
+    assert summary["world_size"] == 4 and summary["plan_id"] == decision["old_plan"]
+    assert summary["restarts"] == 1
+    assert global_sample_ids(out) == list(range(steps * 8))
