@@ -107,12 +107,14 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
             ``--straggler-window``, ``--on-straggler`` (`runtime.health`; None: default).
         spares, ranks_per_node: under ``on_straggler="evict"``, spare nodes that may take a
             bad node's place, and ranks per node (a straggler's whole node leaves); the job
-            then resumes on the planner's best plan for the ranks left (`runtime.evict`) and
-            the summary returned is the whole job's, with ``evictions``.
+            then resumes on the planner's best plan for the ranks left (`runtime.evict`: the
+            ranks that stay in their own processes, decided while they wait; relaunched when
+            a spare joins) and the summary returned is the whole job's, with ``evictions``.
     Raises:
         RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
             message starts with the ranks' one-line errors (if any) and ends with the last
             lines of the output.
+        PlanError: an eviction left no rank to resume on.
     """
     if out_dir is None:
         out_dir = Path("runs") / read_plan_file(plan_file_path).plan.id
