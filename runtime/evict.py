@@ -33,6 +33,8 @@ The decision is logged as one line (`decision_line`) and kept in summary.json
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -256,7 +258,6 @@ def decision_path(out: str | Path, number: int) -> Path:
 
 def publish_decision(out: str | Path, number: int, record: dict) -> None:
     """Write the decision file whole or not at all (the ranks poll for it)."""
-    import json
     path = decision_path(out, number)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
@@ -267,7 +268,6 @@ def await_decision(out: str | Path, number: int, *, stopped=lambda: False,
                    timeout_s: float = DECISION_TIMEOUT_S, poll_s: float = 0.02) -> dict | None:
     """The decision on eviction ``number``, once `meshplan run` published it; None when
     ``stopped()`` (a stop signal) or after ``timeout_s`` without one."""
-    import json
     path = decision_path(out, number)
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -300,7 +300,6 @@ def join_smaller_group(rank: int, world: int, number: int) -> None:
     (and `runtime.train.init_distributed` its rendezvous prefix), so the smaller group is
     this process with that environment rewritten; the agent's store stays the rendezvous.
     """
-    import os
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MESHPLAN_LAYOUT=str(number))
 
@@ -314,9 +313,6 @@ def next_layout(config, *, stopped=lambda: False):
     Args:
         stopped: true once a stop signal arrived (the wait ends, the process leaves).
     """
-    import dataclasses
-    import os
-
     from runtime.accounting import read_events
     out = Path(config.out_dir)
     events = read_events(out)
@@ -330,9 +326,9 @@ def next_layout(config, *, stopped=lambda: False):
     if role is None:
         return None
     join_smaller_group(role, decision["new_world"], number)
-    return dataclasses.replace(config, plan_path=decision["plan_file"],
-                               resume=config.checkpoint_dir or str(out / "checkpoints"),
-                               inject=tuple(decision["inject"]))
+    return replace(config, plan_path=decision["plan_file"],
+                   resume=config.checkpoint_dir or str(out / "checkpoints"),
+                   inject=tuple(decision["inject"]))
 
 
 def decide_in_flight(plan_path, *, out: Path, steps: int, inject: list[str], spares: int,
@@ -351,8 +347,6 @@ def decide_in_flight(plan_path, *, out: Path, steps: int, inject: list[str], spa
         PlanError: nothing is left to resume on. On this or any other error the ranks are
             told to leave first, so none waits for a decision that will not come.
     """
-    import json
-
     from runtime.accounting import read_events
     events = read_events(out)
     number = eviction_number(events)
@@ -381,7 +375,6 @@ def finish_launch(summary: dict, evictions: list[dict], *, out: Path, relaunch) 
     """The whole job's summary after a launch that evicted: when its newest decision needs
     new processes (a spare), the job goes on through ``relaunch(plan_path, nproc, inject,
     spares_left)``; ``evictions`` lists every decision of the job, in order."""
-    import json
     last = evictions[-1]
     if not last["in_place"]:
         final = relaunch(last["plan_file"], last["new_world"], last["inject"],
