@@ -9,6 +9,8 @@ import os
 import statistics
 from pathlib import Path
 
+from simulator.failures.eviction import RestartEvidence
+
 
 def next_attempt(events: list[dict]) -> int:
     """The job-wide number of a new attempt: one more than the highest attempt in the job's
@@ -41,6 +43,57 @@ def read_events(out: str | os.PathLike) -> list[dict]:
     """The events of run folder ``out`` (``faults/events.jsonl``)."""
     path = Path(out) / "faults" / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def restart_times_s(events: list[dict]) -> list[float]:
+    """Per restart (in order), the seconds from the previous attempt's last step (or its
+    resume, when it did no step) to training again (the next "resumed" event)."""
+    resumes = [e for e in events if e["event"] == "resumed"]
+    return [cur["time_unix_s"] - next(
+        (e["time_unix_s"] for e in reversed(events) if e["event"] == "step"
+         and e["attempt"] == prev["attempt"]), prev["time_unix_s"])
+        for prev, cur in zip(resumes, resumes[1:], strict=False)]
+
+
+def restart_evidence(events: list[dict], *, launched_unix_s: float | None,
+                     now_unix_s: float) -> RestartEvidence:
+    """What the job of ``events`` measured of its own stop-and-resume, at ``now_unix_s``
+    (`simulator.failures.eviction.RestartEvidence`, whose `restart_estimate_s` turns it into
+    seconds).
+
+    - stop: ``now_unix_s`` minus the end of the step the job stopped after (the newest "evict"
+      event's step, else the newest step);
+    - start-up: the first "attempt_start" at or after ``launched_unix_s`` (the launch the
+      job's latest attempts came from; None: not known) minus that launch time;
+    - build: the newest "attempt_start"'s ``build_s`` (its process group, mesh, model and
+      optimizer, `runtime.resilience.Resilience`);
+    - load: the newest attempt's "attempt_start" to "resumed" span among attempts that loaded
+      a checkpoint; else the write of the checkpoint the job stopped with (its step's end to
+      the "evict" event, which follows the landing).
+
+    >>> events = [{"event": "attempt_start", "attempt": 0, "time_unix_s": 110.0,
+    ...            "build_s": 0.5},
+    ...           {"event": "resumed", "attempt": 0, "time_unix_s": 110.1, "source": None},
+    ...           {"event": "step", "attempt": 0, "step": 5, "time_unix_s": 130.0},
+    ...           {"event": "evict", "attempt": 0, "step": 5, "time_unix_s": 131.5}]
+    >>> restart_evidence(events, launched_unix_s=100.0, now_unix_s=134.0)
+    RestartEvidence(stop_s=4.0, start_up_s=10.0, build_s=0.5, load_s=1.5, restarts_s=[])
+    """
+    steps = {(e["attempt"], e["step"]): e["time_unix_s"] for e in events if e["event"] == "step"}
+    evicts = [e for e in events if e["event"] == "evict"]
+    stopped = (steps.get((evicts[-1]["attempt"], evicts[-1]["step"])) if evicts
+               else max(steps.values(), default=None))
+    starts = {e["attempt"]: e["time_unix_s"] for e in events if e["event"] == "attempt_start"}
+    start_up = None if launched_unix_s is None else next(
+        (t - launched_unix_s for t in sorted(starts.values()) if t >= launched_unix_s), None)
+    builds = [e["build_s"] for e in events if e["event"] == "attempt_start" and "build_s" in e]
+    loads = [e["time_unix_s"] - starts[e["attempt"]] for e in events
+             if e["event"] == "resumed" and e.get("source") and e["attempt"] in starts]
+    load = loads[-1] if loads else (evicts[-1]["time_unix_s"] - stopped
+                                    if evicts and stopped is not None else None)
+    return RestartEvidence(stop_s=None if stopped is None else max(0.0, now_unix_s - stopped),
+                           start_up_s=start_up, build_s=builds[-1] if builds else None,
+                           load_s=load, restarts_s=restart_times_s(events))
 
 
 def job_accounting(events: list[dict], records: list[dict]) -> dict:
@@ -78,10 +131,7 @@ def job_accounting(events: list[dict], records: list[dict]) -> dict:
     useful = sum(r["step_time_s"] for r in records)
     return {"restarts": max(0, len(resumes) - 1), "steps_lost": steps_lost,
             "wall_time_lost_s": time_lost, "wall_time_s": wall,
-            "restart_times_s": [cur["time_unix_s"] - next(
-                (e["time_unix_s"] for e in reversed(events) if e["event"] == "step"
-                 and e["attempt"] == prev["attempt"]), prev["time_unix_s"])
-                for prev, cur in zip(resumes, resumes[1:], strict=False)],
+            "restart_times_s": restart_times_s(events),
             "checkpoints": len(blocking),
             "checkpoint_blocking_s": statistics.median(blocking) if blocking else None,
             "useful_time_s": useful,

@@ -1,8 +1,13 @@
 """Evict and continue: leave a confirmed straggler's node out, re-plan, resume on the new layout.
 
 Under ``meshplan run --on-straggler evict`` the workers stop after the step that confirmed a
-straggler (`runtime.health`), with a checkpoint of that step (`runtime.resilience`). Then
-`runtime.launch.run_plan` asks this module what to do (`decide_eviction`):
+straggler (`runtime.health`), with a checkpoint of that step (`runtime.resilience`), and wait.
+`runtime.launch.run_plan` asks this module what to do (`decide_eviction`, `decide_in_flight`)
+and publishes the answer in the run folder; the ranks that stay form the smaller group in
+their own processes and resume from that checkpoint on the new plan (`role_after`,
+`join_smaller_group`; no new process, so no start-up and no import is paid again), the others
+leave. A spare node needs new processes: then every rank leaves and the job is relaunched
+(`finish_launch`).
 
 1. **Which ranks remain.** On one machine a "node" is a group of ``ranks_per_node``
    consecutive ranks (rank r sits on node r // K, as torchrun numbers a multi-node job). Every
@@ -18,6 +23,9 @@ straggler (`runtime.health`), with a checkpoint of that step (`runtime.resilienc
    model uses). The old plan's step time with the straggler comes from the simulator's
    straggler model (`simulator.step.simulate.estimate` with ``stragglers``), with the
    measured slowdown (compute over the peers' median, the inverse of the relative score).
+   The restart is predicted from what this job measured of itself
+   (`runtime.accounting.restart_evidence`: the stop so far, its own launch's start-up, a
+   checkpoint load), by `simulator.failures.eviction.restart_estimate_s`.
 
 The decision is logged as one line (`decision_line`) and kept in summary.json
 (``evictions``): what was seen, old plan → new plan, the predicted step time before and after.
@@ -25,12 +33,13 @@ The decision is logged as one line (`decision_line`) and kept in summary.json
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from planner.planfile import PlanFile, read_plan_file, write_plan_file
-from planner.search import search
-from planner.space import SearchSpace
 from planner.spec import PlanError
 from runtime.faults import parse_faults
 
@@ -51,6 +60,10 @@ class Eviction:
         pays: whether leaving is predicted to save time over the steps left (the job leaves
             either way: ``--on-straggler evict`` asks for it; the line says what it costs).
         reason: the arithmetic of ``pays``.
+        restart_s / restart_basis: the predicted restart and what it rests on
+            (`simulator.failures.eviction.restart_estimate_s`).
+        in_place: the ranks that stay resume in their own processes (`role_after`); False
+            when a spare's new processes join (the job is relaunched).
     """
 
     seen: list[dict]
@@ -64,6 +77,9 @@ class Eviction:
     predicted_step_s_after: float
     pays: bool
     reason: str
+    restart_s: float
+    restart_basis: str
+    in_place: bool
     new_world: int = field(default=0)
 
     def to_dict(self) -> dict:
@@ -125,6 +141,9 @@ def best_plan_on(pf: PlanFile, max_world: int) -> tuple[PlanFile, float]:
     Raises:
         PlanError: no legal plan on any world size up to ``max_world``.
     """
+    # imported here: the ranks import this module for the wait (next_layout), not the planner
+    from planner.search import search
+    from planner.space import SearchSpace
     from simulator.network.cluster import load_cluster
     best = None
     ref = pf.cluster
@@ -159,16 +178,20 @@ def straggler_step_s(pf: PlanFile, seen: list[dict]) -> float:
 
 
 def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_per_node: int,
-                    spares: int, restart_s: float) -> tuple[Eviction, PlanFile]:
+                    spares: int, events: list[dict] = (), launched_unix_s: float | None = None,
+                    clock=time.time) -> tuple[Eviction, PlanFile]:
     """What to do about the stragglers of ``evicted`` (summary.json's ``evicted``: step,
     ranks, stragglers) of the job running ``plan_path`` for ``steps`` steps (module
     docstring). Returns the decision and the plan file to resume with.
 
     Args:
-        restart_s: the time one stop-and-resume costs (measured restarts of this job, or the
-            default of `simulator.failures.eviction`).
+        events: the job's event log (`runtime.accounting.read_events`), its evidence of what
+            a restart costs; none: `simulator.failures.eviction.LOCAL_RESTART_S`.
+        launched_unix_s: when the launch that ran the job's latest attempts started.
+        clock: the time now (unix s), read after the re-planning, which the stop includes.
     """
-    from simulator.failures.eviction import eviction_pays
+    from runtime.accounting import restart_evidence
+    from simulator.failures.eviction import eviction_pays, restart_estimate_s
     pf = read_plan_file(plan_path)
     world = pf.plan.world_size
     kept, bad_nodes, used = surviving_ranks(world, evicted["ranks"],
@@ -182,6 +205,10 @@ def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_p
     else:
         new_pf, after = best_plan_on(pf, len(kept))
     left = steps - evicted["step"]
+    in_place = not used
+    restart_s, basis = restart_estimate_s(restart_evidence(
+        list(events), launched_unix_s=launched_unix_s, now_unix_s=clock()) if events else None,
+        in_place=in_place)
     pays = eviction_pays(step_s_staying=before, step_s_after=after, steps_left=left,
                          restart_s=restart_s)
     reason = (f"{left} steps left x ({before:.3f} - {after:.3f}) s = "
@@ -191,6 +218,7 @@ def decide_eviction(plan_path: str | Path, evicted: dict, *, steps: int, ranks_p
                         kept_ranks=kept, spares_used=used, old_plan=pf.plan.id,
                         new_plan=new_pf.plan.id, predicted_step_s_before=before,
                         predicted_step_s_after=after, pays=pays, reason=reason,
+                        restart_s=restart_s, restart_basis=basis, in_place=in_place,
                         new_world=new_pf.plan.world_size)
     return decision, new_pf
 
@@ -202,7 +230,7 @@ def decision_line(d: Eviction) -> str:
     return (f"meshplan evict: after step {d.step} saw {seen}; {verb} node(s) {d.bad_nodes} "
             f"({len(d.kept_ranks)} ranks left); plan {d.old_plan} -> {d.new_plan}; predicted "
             f"step {d.predicted_step_s_before:.3f} s with the straggler -> "
-            f"{d.predicted_step_s_after:.3f} s ({d.reason})")
+            f"{d.predicted_step_s_after:.3f} s ({d.reason}; restart: {d.restart_basis})")
 
 
 def write_evicted_plan(out: Path, number: int, pf: PlanFile) -> Path:
@@ -210,38 +238,150 @@ def write_evicted_plan(out: Path, number: int, pf: PlanFile) -> Path:
     return write_plan_file(Path(out) / f"plan-evict{number}.yaml", pf)
 
 
-def continue_after_eviction(plan_path, summary: dict, *, out: Path, steps: int,
-                            inject: list[str], spares: int, ranks_per_node: int, relaunch,
-                            quiet: bool = False) -> dict:
-    """Decide on the stragglers that stopped the job (``summary["evicted"]``), log the
-    decision, and resume the job from its checkpoint on the new plan (or the same plan with
-    spares swapped in) through ``relaunch(plan_path, nproc, inject, spares_left)``; returns
-    the whole job's summary with ``evictions`` (every decision, in order).
+#: The line rank 0 prints once a stopped job's checkpoint landed and its summary is written;
+#: `meshplan run` decides on it while the ranks wait (`decide_in_flight`).
+STOPPED_PREFIX = "meshplan evict: stopped after step"
+#: Seconds the stopped ranks wait for the decision before they leave (no launcher is left).
+DECISION_TIMEOUT_S = 600.0
 
-    Restart cost of the decision: the job's measured restarts (``restart_times_s``), else
-    `simulator.failures.eviction.LOCAL_RESTART_S`.
+
+def eviction_number(events: list[dict]) -> int:
+    """The job-wide number of the newest eviction: its "evict" events so far (a relaunched or
+    resumed job goes on counting, so a decision file is never read twice)."""
+    return sum(e["event"] == "evict" for e in events)
+
+
+def decision_path(out: str | Path, number: int) -> Path:
+    """``OUT/faults/evict{number}.json``: the decision on the job's ``number``-th eviction."""
+    return Path(out) / "faults" / f"evict{number}.json"
+
+
+def publish_decision(out: str | Path, number: int, record: dict) -> None:
+    """Write the decision file whole or not at all (the ranks poll for it)."""
+    path = decision_path(out, number)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def await_decision(out: str | Path, number: int, *, stopped=lambda: False,
+                   timeout_s: float = DECISION_TIMEOUT_S, poll_s: float = 0.02) -> dict | None:
+    """The decision on eviction ``number``, once `meshplan run` published it; None when
+    ``stopped()`` (a stop signal) or after ``timeout_s`` without one."""
+    path = decision_path(out, number)
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if stopped() or time.monotonic() > deadline:
+            return None
+        time.sleep(poll_s)
+    return json.loads(path.read_text())
+
+
+def role_after(decision: dict, rank: int) -> int | None:
+    """This process's rank in the smaller group that ``decision`` resumes on in place, or
+    None when it leaves (its node was evicted, the new plan needs fewer ranks, or the job is
+    relaunched on new processes).
+
+    >>> role_after({"in_place": True, "kept_ranks": [0, 2, 3], "new_world": 2}, 2)
+    1
+    >>> role_after({"in_place": True, "kept_ranks": [0, 2, 3], "new_world": 2}, 3) is None
+    True
     """
-    import json
-    import statistics
+    if decision.get("error") or not decision.get("in_place"):
+        return None
+    stay = decision["kept_ranks"][:decision["new_world"]]
+    return stay.index(rank) if rank in stay else None
 
-    from simulator.failures.eviction import LOCAL_RESTART_S
-    measured = summary.get("restart_times_s") or []
-    restart_s = statistics.median(measured) if measured else LOCAL_RESTART_S
-    decision, new_pf = decide_eviction(plan_path, summary["evicted"], steps=steps,
-                                       ranks_per_node=ranks_per_node, spares=spares,
-                                       restart_s=restart_s)
+
+def join_smaller_group(rank: int, world: int, number: int) -> None:
+    """Make this process rank ``rank`` of ``world`` for the layout of eviction ``number``.
+
+    torchrun's environment is where every part of the runtime reads its rank and world size
+    (and `runtime.train.init_distributed` its rendezvous prefix), so the smaller group is
+    this process with that environment rewritten; the agent's store stays the rendezvous.
+    """
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MESHPLAN_LAYOUT=str(number))
+
+
+def next_layout(config, *, stopped=lambda: False):
+    """After a run stopped for an eviction (`runtime.train.train` returned it): announce the
+    stop (rank 0, `STOPPED_PREFIX`), wait for the decision, and return this process's
+    `runtime.config.TrainConfig` for the smaller group (the new plan, resumed from the job's
+    checkpoints, its faults renumbered), or None when it leaves (`role_after`).
+
+    Args:
+        stopped: true once a stop signal arrived (the wait ends, the process leaves).
+    """
+    from runtime.accounting import read_events
+    out = Path(config.out_dir)
+    events = read_events(out)
+    number, rank = eviction_number(events), int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        step = next(e["step"] for e in reversed(events) if e["event"] == "evict")
+        print(f"{STOPPED_PREFIX} {step} (eviction {number}); waiting for the new plan",
+              flush=True)
+    decision = await_decision(out, number, stopped=stopped)
+    role = None if decision is None else role_after(decision, rank)
+    if role is None:
+        return None
+    join_smaller_group(role, decision["new_world"], number)
+    return replace(config, plan_path=decision["plan_file"],
+                   resume=config.checkpoint_dir or str(out / "checkpoints"),
+                   inject=tuple(decision["inject"]))
+
+
+def decide_in_flight(plan_path, *, out: Path, steps: int, inject: list[str], spares: int,
+                     ranks_per_node: int, launched_unix_s: float | None = None,
+                     quiet: bool = False) -> dict:
+    """Decide on the stragglers that stopped the job (its ``summary.json``'s ``evicted``),
+    log the decision and publish it to the waiting ranks (`publish_decision`); returns the
+    decision record kept in summary.json's ``evictions``.
+
+    With no spare to swap in, the ranks that stay resume in place on the new plan (no new
+    processes, `role_after`); a spare needs new processes, so every rank leaves and
+    `finish_launch` relaunches the job. The restart estimate is this job's own evidence in
+    ``out``'s event log, with ``launched_unix_s`` the start of the running launch.
+
+    Raises:
+        PlanError: nothing is left to resume on. On this or any other error the ranks are
+            told to leave first, so none waits for a decision that will not come.
+    """
+    from runtime.accounting import read_events
+    events = read_events(out)
+    number = eviction_number(events)
+    try:
+        evicted = json.loads((Path(out) / "summary.json").read_text())["evicted"]
+        decision, new_pf = decide_eviction(plan_path, evicted, steps=steps,
+                                           ranks_per_node=ranks_per_node, spares=spares,
+                                           events=events, launched_unix_s=launched_unix_s)
+    except Exception as exc:
+        publish_decision(out, number, {"error": str(exc)})
+        raise
     line = decision_line(decision)
     if not quiet:
         print(line, flush=True)
-    earlier = summary.get("evictions") or []
-    number = len(earlier) + 1
-    new_path = plan_path if new_pf.plan.id == read_plan_file(plan_path).plan.id and \
-        decision.spares_used else write_evicted_plan(out, number, new_pf)
-    final = relaunch(new_path, new_pf.plan.world_size,
-                     remap_faults(inject, decision.kept_ranks), spares - decision.spares_used)
-    # the relaunch's own evictions (a later straggler) come after this one
-    final["evictions"] = earlier + [decision.to_dict() | {"line": line,
-                                                           "plan_file": str(new_path)}] \
-        + (final.get("evictions") or [])
+    same = new_pf.plan.id == read_plan_file(plan_path).plan.id and decision.spares_used
+    new_path = plan_path if same else write_evicted_plan(out, number, new_pf)
+    kept = decision.kept_ranks[:decision.new_world]
+    record = decision.to_dict() | {"line": line, "plan_file": str(new_path),
+                                   "inject": remap_faults(inject, kept),
+                                   "spares_left": spares - decision.spares_used}
+    publish_decision(out, number, record)
+    return record
+
+
+def finish_launch(summary: dict, evictions: list[dict], *, out: Path, relaunch) -> dict:
+    """The whole job's summary after a launch that evicted: when its newest decision needs
+    new processes (a spare), the job goes on through ``relaunch(plan_path, nproc, inject,
+    spares_left)``; ``evictions`` lists every decision of the job, in order."""
+    last = evictions[-1]
+    if not last["in_place"]:
+        final = relaunch(last["plan_file"], last["new_world"], last["inject"],
+                         last["spares_left"])
+        # the relaunch's own evictions (a later straggler) come after these
+        final["evictions"] = evictions + (final.get("evictions") or [])
+    else:
+        final = summary | {"evictions": evictions}
     (out / "summary.json").write_text(json.dumps(final, indent=2) + "\n")
     return final

@@ -107,12 +107,14 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
             ``--straggler-window``, ``--on-straggler`` (`runtime.health`; None: default).
         spares, ranks_per_node: under ``on_straggler="evict"``, spare nodes that may take a
             bad node's place, and ranks per node (a straggler's whole node leaves); the job
-            then resumes on the planner's best plan for the ranks left (`runtime.evict`) and
-            the summary returned is the whole job's, with ``evictions``.
+            then resumes on the planner's best plan for the ranks left (`runtime.evict`: the
+            ranks that stay in their own processes, decided while they wait; relaunched when
+            a spare joins) and the summary returned is the whole job's, with ``evictions``.
     Raises:
         RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
             message starts with the ranks' one-line errors (if any) and ends with the last
             lines of the output.
+        PlanError: an eviction left no rank to resume on.
     """
     if out_dir is None:
         out_dir = Path("runs") / read_plan_file(plan_file_path).plan.id
@@ -131,12 +133,33 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                          max_restarts=max_restarts, straggler_threshold=straggler_threshold,
                          straggler_window=straggler_window, on_straggler=on_straggler)
     flags += ["--ep", str(ep)] if ep else []
+    evictions: list[dict] = []
+    undecided: list[Exception] = []
+    on_line = None
+    if on_straggler == "evict":
+        # the planner is imported now, before the launch, not while the stopped ranks wait
+        import planner.search  # noqa: F401
+        from runtime.evict import STOPPED_PREFIX, decide_in_flight
+
+        def on_line(line: str) -> None:
+            if not line.startswith(STOPPED_PREFIX) or undecided:
+                return
+            try:
+                evictions.append(decide_in_flight(
+                    plan_file_path, out=Path(out_dir), steps=steps, inject=list(inject),
+                    spares=spares, ranks_per_node=ranks_per_node, launched_unix_s=started,
+                    quiet=quiet))
+            except Exception as exc:           # the ranks were told to leave; raised below
+                undecided.append(exc)
     started, group = time.time(), []
     with forward_signals(lambda: group[0] if group else None) as signals:
-        rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet, on_start=group.append)
+        rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet, on_start=group.append,
+                                               on_line=on_line)
     if signals:
         raise RunInterrupted(interrupted_line(signals[0], plan_file_path, out_dir, steps, flags),
                              signals[0])
+    if undecided:
+        raise undecided[0]
     if rc != 0 and (done := finished_summary(Path(out_dir), steps, started)) is not None:
         # torchrun itself died (killed), its workers finished the job and wrote the summary
         done["launcher_exit_status"] = rc
@@ -159,8 +182,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     summary = json.loads((Path(out_dir) / "summary.json").read_text())
     if "error" in summary:                   # stopped on purpose (runtime.resilience.StopTraining)
         raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
-    if summary.get("evicted") and on_straggler == "evict":
-        from runtime.evict import continue_after_eviction
+    if evictions:
+        from runtime.evict import finish_launch
 
         def relaunch(plan, nproc_left, inject_left, spares_left):
             return run_plan(plan, steps=steps, out_dir=out_dir, data=data, seed=seed,
@@ -172,10 +195,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                             on_nan=on_nan, straggler_threshold=straggler_threshold,
                             straggler_window=straggler_window, on_straggler=on_straggler,
                             spares=spares_left, ranks_per_node=ranks_per_node)
-        return continue_after_eviction(plan_file_path, summary, out=Path(out_dir), steps=steps,
-                                       inject=list(inject), spares=spares,
-                                       ranks_per_node=ranks_per_node, relaunch=relaunch,
-                                       quiet=quiet)
+        return finish_launch(summary, evictions, out=Path(out_dir), relaunch=relaunch)
     return summary
 
 
@@ -328,10 +348,11 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     return text + "\n"
 
 
-def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_start=None
-            ) -> tuple[int, collections.deque, list[str], list[str]]:
+def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_start=None,
+            on_line=None) -> tuple[int, collections.deque, list[str], list[str]]:
     """Run ``cmd`` in a session of its own, echo its merged stdout/stderr line by line;
-    ``on_start(pid)`` is called once it runs (its pid is its process group's id).
+    ``on_start(pid)`` is called once it runs (its pid is its process group's id), and
+    ``on_line(line)`` after each line is echoed.
 
     Returns:
         (exit status, the last TAIL_LINES lines, every line that starts with ERROR_PREFIX,
@@ -358,6 +379,8 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_
             if not quiet:
                 sys.stdout.write(line)
                 sys.stdout.flush()
+            if on_line is not None:
+                on_line(line)
         return proc.wait(), tail, error_lines, fired
     finally:
         if timer is not None:

@@ -173,10 +173,13 @@ class Resilience:
         mesh: the run's DeviceMesh (axes "pp", "dp", "tp", and "cp" when cp > 1).
         batches: the run's `runtime.data.ByteBatches`.
         dp: the plan's data-parallel degree.
+        build_started_unix_s: when this attempt began to read its plan and build its process
+            group, mesh, model and optimizer; the "attempt_start" event keeps the span
+            (``build_s``), the evidence of what resuming in place costs (`runtime.evict`).
     """
 
     def __init__(self, config: TrainConfig, *, modules, optimizer, mesh, batches,
-                 dp: int) -> None:
+                 dp: int, build_started_unix_s: float | None = None) -> None:
         self.config, self.modules, self.batches, self.dp = config, modules, batches, dp
         self.rank = dist.get_rank()
         self.out = Path(config.out_dir)
@@ -202,7 +205,9 @@ class Resilience:
                 if config.checkpoint_dir is None:
                     shutil.rmtree(self.ckpt_dir, ignore_errors=True)
             self.attempt = next_attempt(self._read_events())
-            self._event("attempt_start", launch_restart=self.restart)
+            built = {} if build_started_unix_s is None else {
+                "build_s": time.time() - build_started_unix_s}
+            self._event("attempt_start", launch_restart=self.restart, **built)
         dist.barrier()
         self.injector = Injector(parse_faults(all_fault_specs(config)), self.rank, self.out)
         self.health = StragglerDetector(threshold=config.straggler_threshold,

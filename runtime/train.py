@@ -49,6 +49,7 @@ from planner.precision import storage_dtype
 from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
 from runtime.data import ByteBatches, read_corpus
+from runtime.evict import next_layout
 from runtime.faults import add_fault_args
 from runtime.interrupts import STOP_GRACE_S, StopRequest, record_collective_error
 from runtime.launch import ERROR_PREFIX
@@ -148,7 +149,9 @@ def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int,
                          is_master=(rank == 0 and not agent_store),
                          timeout=max(timeout, timedelta(seconds=DIST_TIMEOUT_S)))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"attempt{attempt}/", base)
+    # a group that shrank in place after an eviction rendezvouses afresh (runtime.evict)
+    layout = os.environ.get("MESHPLAN_LAYOUT", "0")
+    store = dist.PrefixStore(f"attempt{attempt}/layout{layout}/", base)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return rank, world
 
@@ -364,10 +367,17 @@ def select_device(plan_dtype: str) -> tuple[str, torch.device]:
     return "nccl", torch.device("cuda", torch.cuda.current_device())
 
 
-def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
-    """Run ``config.steps`` steps of the plan; rank 0 writes the run folder."""
+def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor, *,
+          stop_request: StopRequest | None = None,
+          build_started_unix_s: float | None = None) -> dict | None:
+    """Run ``config.steps`` steps of the plan; rank 0 writes the run folder.
+
+    Returns:
+        the eviction that stopped the run (`runtime.resilience.Resilience.evicted`), or None.
+    """
     backend, device = select_device(pf.plan.dtype)
-    stop_request = StopRequest()         # SIGTERM / SIGINT: stop after the step, checkpointed
+    # SIGTERM / SIGINT: stop after the step, checkpointed
+    stop_request = stop_request or StopRequest()
     rank, _ = init_distributed(backend, config.timeout_s)
     resilience = None
     try:
@@ -381,7 +391,8 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
                               global_batch=pf.plan.global_batch, seed=config.seed)
         out, dp_rank = Path(config.out_dir), mesh["dp"].get_local_rank()
         resilience = Resilience(config, modules=modules, optimizer=optimizer, mesh=mesh,
-                                batches=batches, dp=pf.plan.dp)
+                                batches=batches, dp=pf.plan.dp,
+                                build_started_unix_s=build_started_unix_s)
         step_fn = resilience.wrap(step_fn)
         first_step, records = resilience.resume()    # a restart continues from its checkpoint
         notes = plan_notes(pf, backend)
@@ -434,6 +445,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor) -> None:
         # leave together: a gloo process group torn down while a peer still receives (rank 0's
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()
+        return resilience.evicted
     except Exception as exc:
         if not isinstance(exc, StopTraining):   # evidence for naming a hung peer (interrupts)
             record_collective_error(Path(config.out_dir), rank,
@@ -481,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                                     r"deprecated")
     try:
         config = parse_args(argv)
+        build_started = time.time()
         pf, tokens = check_inputs(config)
         if (problem := fault_args_error(config, global_batch=pf.plan.global_batch)) is not None:
             raise ValueError(problem)
@@ -494,8 +507,15 @@ def main(argv: list[str] | None = None) -> int:
             # checks, so a short grace lets each of them print its own line first
             time.sleep(INPUT_ERROR_GRACE_S)
         return 2
+    stop_request = StopRequest()
     try:
-        train(config, pf, tokens)
+        while train(config, pf, tokens, stop_request=stop_request,
+                    build_started_unix_s=build_started) is not None:
+            # evicted: this process stays in the smaller group, or leaves (runtime.evict)
+            if (config := next_layout(config, stopped=lambda: stop_request.signum)) is None:
+                break
+            build_started = time.time()
+            pf, tokens = check_inputs(config)
     except StopTraining as exc:
         # exit 0 so that torchrun does not restart a run that stopped on purpose; the error
         # is in summary.json and `runtime.launch.run_plan` raises it
