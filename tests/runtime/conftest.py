@@ -21,11 +21,6 @@ CPU_PEAK_FLOPS = 1.05e11
 SLOW_ENV = "MESHPLAN_SLOW_TESTS"
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", f"slow: extra multi-rank run; runs when {SLOW_ENV}=1 or "
-                                       "when selected with -m slow")
-
-
 def pytest_collection_modifyitems(config, items):
     if os.environ.get(SLOW_ENV) == "1" or "slow" in (config.getoption("markexpr") or ""):
         return
