@@ -83,7 +83,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              quiet: bool = False, save_params: str | os.PathLike | None = None,
              profile: bool = False, attention: str | None = None, max_restarts: int = 0,
              checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
-             inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
+             checkpoint_dir: str | os.PathLike | None = None, inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
              on_nan: str = "stop", ep: int | None = None,
              straggler_threshold: float | None = None,
              straggler_window: int | None = None, on_straggler: str = "warn",
@@ -99,9 +99,10 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         profile: write torch profiler Chrome traces (``trace_rank{r}.json``) into out_dir.
         attention: "sdpa" or "tiled" (default: $MESHPLAN_ATTENTION, else "sdpa").
         max_restarts: torchrun restarts of the whole group after a failure.
-        checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan:
+        checkpoint_every, keep, resume, checkpoint_dir, inject, collective_timeout_s, on_nan:
             ``runtime.train``'s ``--checkpoint-every K``, ``--keep N``, ``--resume DIR``,
-            ``--inject SPEC`` (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
+            ``--checkpoint-dir DIR`` (a folder or ``s3://bucket/prefix``), ``--inject SPEC``
+            (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
         ep: expert parallel degree (``--ep``; None: the plan's).
         straggler_threshold, straggler_window, on_straggler: ``--straggler-threshold``,
             ``--straggler-window``, ``--on-straggler`` (`runtime.health`; None: default).
@@ -121,7 +122,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                            attention=attention, max_restarts=max_restarts, ep=ep,
                            train_args=fault_cli_args(
                                checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                               inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan,
+                               checkpoint_dir=checkpoint_dir, inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan,
                                straggler_threshold=straggler_threshold,
                                straggler_window=straggler_window, on_straggler=on_straggler))
     env = dict(os.environ, OMP_NUM_THREADS="1")
