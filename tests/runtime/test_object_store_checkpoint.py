@@ -3,7 +3,8 @@
 The server is Debian's radosgw on a one-node Ceph started on 127.0.0.1 for this module
 (`runtime.radosgw`); without the Ceph packages the module skips and says which programs are
 missing (`make test` installs them as root). What each test compares with is a local-disk run
-of the same code: the object store must change where the bytes go, nothing else.
+of the same code: the object store must change where the bytes go, nothing else. The killed
+2-rank job is in the default suite; the ``--resume s3://`` job (two more runs) is ``slow``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ from tests.runtime.test_checkpoint import (  # noqa: F401 - process_group: a fix
     make_state,
     process_group,
     train_steps,
+)
+
+# the 2-rank job of the local-disk fault tests, and its uninterrupted run (fixtures)
+from tests.runtime.test_faults import (  # noqa: F401 - plan_path, uninterrupted: fixtures
+    assert_same_job,
+    consumed,
+    launch,
+    plan_path,
+    uninterrupted,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -124,3 +134,37 @@ def test_manifest_latest_keep_and_uncommitted_prefixes(bucket):
     assert (step, extra["step"]) == (2, 2)
     assert len(skipped) == 1 and checkpoint_name(3) in skipped[0]
     assert store.files(f"{where}/{checkpoint_name(9)}") == {}
+
+
+def test_killed_job_resumes_from_the_object_store(
+        bucket, plan_path, tmp_path, uninterrupted):  # noqa: F811 - pytest fixtures
+    """A 2-rank tiny-gpt job checkpointing to s3:// loses rank 1 at step 7, restarts from the
+    object store's step-6 checkpoint and ends with the losses (bitwise) and the ordered
+    sample ids of the uninterrupted local-disk job (`tests.runtime.test_faults`)."""
+    where = f"{bucket}/job"
+    summary = launch(plan_path, tmp_path, inject=["kill:rank=1,step=7"],
+                     checkpoint_dir=where)
+    assert_same_job(summary, tmp_path, uninterrupted)
+    assert summary["restarts"] == 1 and summary["steps_lost"] == 1
+    assert not (tmp_path / "checkpoints").exists()          # nothing went to the local disk
+    # --keep 2 of the saves after steps 3, 6, 9 and 10, each one DCP shard per rank
+    newest = list_checkpoints(where)
+    assert newest == [f"{where}/{checkpoint_name(s)}" for s in (10, 9)]
+    files = CheckpointStore(where).files(newest[0])
+    assert {"__0_0.distcp", "__1_0.distcp", "extra_rank0.pt", "extra_rank1.pt"} <= set(files)
+    assert verify(newest[0]) is None
+
+
+@pytest.mark.slow
+def test_resume_from_the_object_store_continues_the_job(
+        bucket, plan_path, tmp_path, uninterrupted):  # noqa: F811 - pytest fixtures
+    """``--resume s3://...`` of a job stopped after step 6 trains steps 7-10 as the
+    uninterrupted job did (losses bitwise, the same samples)."""
+    where = f"{bucket}/first"
+    first = launch(plan_path, tmp_path / "first", steps=6, checkpoint_dir=where)
+    second = launch(plan_path, tmp_path / "second", resume=where)
+    want, want_ids = uninterrupted
+    assert first["losses"] == want["losses"][:6]
+    assert second["losses"][-4:] == want["losses"][6:]
+    ids = consumed(tmp_path / "second")
+    assert {r: v[-4 * 4:] for r, v in ids.items()} == {r: v[6 * 4:] for r, v in want_ids.items()}
