@@ -50,19 +50,18 @@ ON_NAN = ("stop", "skip")
 
 def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -> None:
     """The fault-tolerance flags, shared by ``runtime.train`` and ``meshplan run``
-    (``launcher=True``: adds ``--max-restarts`` and leaves out the per-process
-    ``--checkpoint-dir`` and ``--sync-checkpoint``)."""
+    (``launcher=True``: adds ``--max-restarts`` and leaves out the measurement flag
+    ``--sync-checkpoint``)."""
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                         help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
                              "steps into OUT/checkpoints (default 0: none)")
     parser.add_argument("--keep", type=int, default=2, metavar="N",
                         help="newest checkpoints kept (default 2)")
-    if not launcher:
-        parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                            help="where checkpoints go: a folder or an object-store URL "
-                                 "s3://bucket/prefix (credentials and endpoint from "
-                                 "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL; "
-                                 "default: OUT/checkpoints)")
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="where checkpoints go: a folder or an object-store URL "
+                             "s3://bucket/prefix (credentials and endpoint from "
+                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL; "
+                             "default: OUT/checkpoints)")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="start from the newest valid checkpoint in DIR (a checkpoint "
                              "folder or s3://bucket/prefix, or a run folder: its "

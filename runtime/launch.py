@@ -128,6 +128,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     flags = resume_flags(data=data, checkpoint_every=checkpoint_every, keep=keep,
+                         checkpoint_dir=checkpoint_dir,
                          collective_timeout_s=collective_timeout_s, on_nan=on_nan,
                          max_restarts=max_restarts, straggler_threshold=straggler_threshold,
                          straggler_window=straggler_window, on_straggler=on_straggler)
@@ -168,7 +169,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                             nproc=nproc_left, timeout_s=timeout_s, quiet=quiet,
                             save_params=save_params, profile=profile, attention=attention,
                             max_restarts=max_restarts, checkpoint_every=checkpoint_every,
-                            keep=keep, resume=Path(out_dir) / "checkpoints",
+                            keep=keep, resume=checkpoint_dir or Path(out_dir) / "checkpoints",
+                            checkpoint_dir=checkpoint_dir,
                             inject=inject_left, collective_timeout_s=collective_timeout_s,
                             on_nan=on_nan, straggler_threshold=straggler_threshold,
                             straggler_window=straggler_window, on_straggler=on_straggler,
@@ -223,7 +225,7 @@ def exit_codes(lines: list[str]) -> dict[int, str]:
 
 
 def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
-                 collective_timeout_s: float | None = None, on_nan: str = "stop",
+                 checkpoint_dir=None, collective_timeout_s: float | None = None, on_nan: str = "stop",
                  max_restarts: int = 0, straggler_threshold: float | None = None,
                  straggler_window: int | None = None, on_straggler: str = "warn"
                  ) -> list[str]:
@@ -236,7 +238,7 @@ def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
     """
     flags = ["--data", str(data)] if data is not None else []
     flags += fault_cli_args(checkpoint_every=checkpoint_every, keep=keep,
-                            timeout_s=collective_timeout_s, on_nan=on_nan,
+                            checkpoint_dir=checkpoint_dir, timeout_s=collective_timeout_s, on_nan=on_nan,
                             straggler_threshold=straggler_threshold,
                             straggler_window=straggler_window, on_straggler=on_straggler)
     return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])
@@ -266,12 +268,21 @@ def interrupted_line(signum: int, plan_file_path, out_dir, steps: int,
 
 
 def resume_clause(plan_file_path, out: Path, steps: int, resume_flags: list[str] = ()) -> str:
-    """``; newest checkpoint stepK: resume with `meshplan run ...`"`` or ``""`` without one."""
-    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step*") if p.is_dir())
+    """``; newest checkpoint stepK: resume with `meshplan run ...`"`` or ``""`` without one.
+    The checkpoints are the ``--checkpoint-dir`` of ``resume_flags`` (a folder or an
+    object-store URL), else ``out/checkpoints``."""
+    from runtime.checkpoint import list_checkpoints, location_name  # imports torch
+    flags = list(resume_flags)
+    folder = flags[flags.index("--checkpoint-dir") + 1] if "--checkpoint-dir" in flags \
+        else out / "checkpoints"
+    try:
+        checkpoints = list_checkpoints(folder)
+    except Exception:              # an object store that cannot be reached now: no clause
+        return ""
     if not checkpoints:
         return ""
-    return (f"; newest checkpoint {checkpoints[-1]}: resume with `meshplan run "
-            f"{plan_file_path} --steps {steps} --out {out} --resume {out / 'checkpoints'}"
+    return (f"; newest checkpoint {location_name(checkpoints[0])}: resume with `meshplan run "
+            f"{plan_file_path} --steps {steps} --out {out} --resume {folder}"
             + "".join(f" {shlex.quote(flag)}" for flag in resume_flags) + "`")
 
 

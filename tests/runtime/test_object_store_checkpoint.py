@@ -22,6 +22,7 @@ from runtime.checkpoint import (
     rng_state,
     verify,
 )
+from runtime.launch import resume_clause
 from runtime.radosgw import Radosgw, missing_binaries
 from tests.runtime.test_checkpoint import (  # noqa: F401 - process_group: a fixture
     make_state,
@@ -153,6 +154,10 @@ def test_killed_job_resumes_from_the_object_store(
     files = CheckpointStore(where).files(newest[0])
     assert {"__0_0.distcp", "__1_0.distcp", "extra_rank0.pt", "extra_rank1.pt"} <= set(files)
     assert verify(newest[0]) is None
+    # a failure message's resume command points at the object store, not at OUT/checkpoints
+    clause = resume_clause(plan_path, tmp_path, 10, ["--checkpoint-dir", where])
+    assert f"newest checkpoint {checkpoint_name(10)}" in clause
+    assert f"--resume {where} --checkpoint-dir {where}" in clause
 
 
 @pytest.mark.slow
@@ -168,3 +173,16 @@ def test_resume_from_the_object_store_continues_the_job(
     assert second["losses"][-4:] == want["losses"][6:]
     ids = consumed(tmp_path / "second")
     assert {r: v[-4 * 4:] for r, v in ids.items()} == {r: v[6 * 4:] for r, v in want_ids.items()}
+
+
+def test_an_unwritable_bucket_is_one_line_and_exit_2_before_any_worker(
+        radosgw, plan_path, tmp_path, capsys):  # noqa: F811 - pytest fixture
+    """``meshplan run --checkpoint-dir s3://<bucket that does not exist>/...`` is refused by
+    the write probe before torchrun starts: exit 2, one line naming the location."""
+    from apps.cli import main
+    code = main(["run", str(plan_path), "--steps", "2", "--checkpoint-every", "1",
+                 "--out", str(tmp_path / "out"), "--checkpoint-dir", "s3://no-such-bucket/x"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "s3://no-such-bucket/x" in err and "create the bucket" in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "metrics.jsonl").exists()
