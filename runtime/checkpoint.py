@@ -252,14 +252,19 @@ def sha256_file(path: Path) -> str:
     return CheckpointStore(Path(path).parent).sha256(path)
 
 
-def write_manifest(folder: Path | str, step: int) -> dict:
-    """Write ``folder/manifest.json`` (sha256 + size of every other file) and return it."""
+def build_manifest(folder: Path | str, step: int) -> dict:
+    """The manifest of checkpoint ``folder``: sha256 and size of every file but the manifest."""
     store = store_of(folder)
     files = {name: {"sha256": store.sha256(join(folder, name)), "size_bytes": size}
              for name, size in store.files(folder).items()
              if name not in (MANIFEST, MANIFEST + ".tmp")}
-    manifest = {"step": step, "files": files, "time_unix_s": time.time()}
-    store.write_bytes(join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
+    return {"step": step, "files": files, "time_unix_s": time.time()}
+
+
+def write_manifest(folder: Path | str, step: int, manifest: dict | None = None) -> dict:
+    """Write ``folder/manifest.json`` (``manifest``, default `build_manifest`) and return it."""
+    manifest = manifest or build_manifest(folder, step)
+    store_of(folder).write_bytes(join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
     return manifest
 
 
@@ -410,20 +415,16 @@ class CheckpointManager:
             if fut.exception() is not None or self.rank != 0:
                 return
             store = self.store
+            manifest = build_manifest(tmp, step)
             if self.corrupt_at(step):
                 # Injected damage lands before the commit: a rank that sees the checkpoint in
                 # place (`wait_landed`) sees it damaged, as a disk fault after the write would
                 # leave it; the manifest's checksums are of the good bytes.
-                manifest = write_manifest(tmp, step)
                 shard = max((n for n in manifest["files"] if n.endswith(".distcp")),
                             key=lambda n: manifest["files"][n]["size_bytes"])
                 store.write_bytes(join(tmp, shard), corrupt_bytes(
                     store.read_bytes(join(tmp, shard))))
-                if store.remote:      # the manifest is the commit: rewrite it, last
-                    store.write_bytes(join(tmp, MANIFEST),
-                                      json.dumps(manifest, indent=1).encode())
-            else:
-                write_manifest(tmp, step)    # the object store's commit point
+            write_manifest(tmp, step, manifest)        # the object store's commit point
             final = store.url(checkpoint_name(step))
             if not store.remote:
                 if final.exists():

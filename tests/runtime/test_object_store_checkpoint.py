@@ -186,3 +186,20 @@ def test_an_unwritable_bucket_is_one_line_and_exit_2_before_any_worker(
     assert code == 2
     assert "s3://no-such-bucket/x" in err and "create the bucket" in err
     assert "Traceback" not in err and not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_injected_damage_is_in_place_when_the_checkpoint_commits(bucket):
+    """``corrupt-checkpoint:step=2`` damages step 2's largest shard before its manifest (the
+    commit point) lands, so the load skips it and takes step 1, as on a disk."""
+    where = f"{bucket}/damaged"
+    model, optimizer = make_state()
+    manager = CheckpointManager(where, [model], optimizer, keep=3,
+                                corrupt_at=lambda step: step == 2)
+    for step in (1, 2):
+        manager.save(step, {"step": step})
+    manager.close()
+    assert verify(f"{where}/{checkpoint_name(1)}") is None
+    assert "fails its sha256 check" in verify(f"{where}/{checkpoint_name(2)}")
+    fresh, fresh_opt = make_state(seed=1)
+    step, extra, skipped = CheckpointManager(where, [fresh], fresh_opt).load_latest()
+    assert (step, extra["step"], len(skipped)) == (1, 1, 1)
