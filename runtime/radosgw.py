@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="state folder (default: a temporary one)")
     args = parser.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="radosgw_"))
+    # SIGTERM stops the daemons as Ctrl-C does (the default action would skip the cleanup)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with Radosgw(root) as gw:
         print(f"radosgw up in {gw.startup_s:.1f} s at {gw.endpoint_url} (state in {root})")
         for k, v in gw.env.items():
