@@ -156,6 +156,12 @@ class CheckpointStore:
             return
         self.fs.pipe_file(self._key(location), data)
 
+    def remove_file(self, location: Path | str) -> None:
+        if not self.remote:
+            Path(location).unlink()
+        else:
+            self.fs.rm_file(self._key(location))
+
     def exists(self, location: Path | str) -> bool:
         return Path(location).exists() if not self.remote else self.fs.exists(self._key(location))
 

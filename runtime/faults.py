@@ -308,7 +308,8 @@ def fault_flags_error(config) -> str | None:
 
 
 def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
-                   checkpoint_dir=None, inject=(), timeout_s: float | None = None, on_nan: str = "stop",
+                   checkpoint_dir=None, inject=(), timeout_s: float | None = None,
+                   on_nan: str = "stop",
                    straggler_threshold: float | None = None,
                    straggler_window: int | None = None,
                    on_straggler: str = "warn") -> list[str]:

@@ -83,7 +83,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              quiet: bool = False, save_params: str | os.PathLike | None = None,
              profile: bool = False, attention: str | None = None, max_restarts: int = 0,
              checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
-             checkpoint_dir: str | os.PathLike | None = None, inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
+             checkpoint_dir: str | os.PathLike | None = None,
+             inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
              on_nan: str = "stop", ep: int | None = None,
              straggler_threshold: float | None = None,
              straggler_window: int | None = None, on_straggler: str = "warn",
@@ -122,7 +123,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                            attention=attention, max_restarts=max_restarts, ep=ep,
                            train_args=fault_cli_args(
                                checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                               checkpoint_dir=checkpoint_dir, inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan,
+                               checkpoint_dir=checkpoint_dir, inject=inject,
+                               timeout_s=collective_timeout_s, on_nan=on_nan,
                                straggler_threshold=straggler_threshold,
                                straggler_window=straggler_window, on_straggler=on_straggler))
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -225,7 +227,8 @@ def exit_codes(lines: list[str]) -> dict[int, str]:
 
 
 def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
-                 checkpoint_dir=None, collective_timeout_s: float | None = None, on_nan: str = "stop",
+                 checkpoint_dir=None, collective_timeout_s: float | None = None,
+                 on_nan: str = "stop",
                  max_restarts: int = 0, straggler_threshold: float | None = None,
                  straggler_window: int | None = None, on_straggler: str = "warn"
                  ) -> list[str]:
@@ -238,7 +241,8 @@ def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
     """
     flags = ["--data", str(data)] if data is not None else []
     flags += fault_cli_args(checkpoint_every=checkpoint_every, keep=keep,
-                            checkpoint_dir=checkpoint_dir, timeout_s=collective_timeout_s, on_nan=on_nan,
+                            checkpoint_dir=checkpoint_dir, timeout_s=collective_timeout_s,
+                            on_nan=on_nan,
                             straggler_threshold=straggler_threshold,
                             straggler_window=straggler_window, on_straggler=on_straggler)
     return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])

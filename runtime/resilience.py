@@ -81,7 +81,8 @@ def fault_args_error(config: TrainConfig, world: int | None = None,
     problem = faults_error(all_fault_specs(config), steps=config.steps, world=world,
                            checkpoint_every=config.checkpoint_every)
     if problem is None and (config.checkpoint_every or config.resume is not None):
-        folder = checkpoint_location(config.checkpoint_dir or Path(config.out_dir) / "checkpoints")
+        folder = checkpoint_location(config.checkpoint_dir
+                                     or Path(config.out_dir) / "checkpoints")
         problem = checkpoint_folder_error(folder)
     # a restart resumes its own checkpoints; the --resume folder was checked by attempt 0
     if problem is None and config.resume is not None and attempt_number() == 0:
@@ -104,7 +105,7 @@ def checkpoint_folder_error(folder: str | os.PathLike) -> str | None:
         probe = join(folder, f".write-probe-{os.getpid()}")
         try:
             store.write_bytes(probe, b"")
-            store.fs.rm_file(probe.split("://", 1)[1])
+            store.remove_file(probe)
         except Exception as exc:       # botocore and s3fs raise many kinds; all mean the same
             return (f"checkpoint location {folder!r} cannot be written ({type(exc).__name__}: "
                     f"{str(exc)[:200]}); create the bucket, check AWS_ACCESS_KEY_ID / "
@@ -138,9 +139,9 @@ def resume_error(folder: Path | str, global_batch: int | None = None) -> str | N
             continue
         saved = extra.get("global_batch", global_batch)
         if global_batch is not None and saved != global_batch:
-            return (f"--resume {str(folder)!r}: checkpoint {location_name(candidate)} was trained with "
-                    f"global_batch={saved}, this plan has global_batch={global_batch}; resume "
-                    f"with a plan of global_batch={saved} (any tp, pp, dp and micro-batch that "
+            return (f"--resume {str(folder)!r}: checkpoint {location_name(candidate)} was "
+                    f"trained with global_batch={saved}, this plan has global_batch="
+                    f"{global_batch}; resume with a plan of global_batch={saved} (any tp, pp, dp and micro-batch that "
                     "divide it), or start a new run without --resume")
         return None
     return (f"--resume {str(folder)!r}: every checkpoint is damaged ({'; '.join(damaged)}); "
