@@ -33,7 +33,8 @@ browser:
 # tests/runtime/test_object_store_checkpoint.py skips and says why.
 CEPH_PACKAGES := ceph-mon ceph-osd radosgw ceph-common
 ceph:
-	@if [ ! -x /usr/bin/radosgw ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	@if ! (command -v ceph-mon && command -v ceph-osd && command -v radosgw && \
+		command -v radosgw-admin) >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		echo "installing Debian's $(CEPH_PACKAGES) for the object-store test"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			$(CEPH_PACKAGES) >/dev/null) \
