@@ -116,6 +116,11 @@ def join(location: Path | str, *names: str) -> Path | str:
     return "/".join([location.rstrip("/"), *names])
 
 
+#: s3fs options of every object-store client here, DCP's included (one cached instance):
+#: other processes write into the same prefixes, so no listing may come from a cache.
+S3_OPTIONS = {"use_listings_cache": False}
+
+
 class CheckpointStore:
     """File operations of checkpoints in a local folder or under an object-store prefix.
 
@@ -132,7 +137,7 @@ class CheckpointStore:
         self.location = checkpoint_location(location)
         self.remote = not isinstance(self.location, Path)
         if self.remote:
-            self.fs = fsspec.filesystem("s3", use_listings_cache=False)
+            self.fs = fsspec.filesystem("s3", **S3_OPTIONS)
 
     def _key(self, location: Path | str) -> str:
         return str(location).split("://", 1)[1]
@@ -238,12 +243,12 @@ class CheckpointStore:
         stream without a file descriptor."""
         if not self.remote:
             return FileSystemWriter(str(folder))
-        return FsspecWriter(str(folder), sync_files=False)
+        return FsspecWriter(str(folder), sync_files=False, **S3_OPTIONS)
 
     def reader(self, folder: Path | str):
         if not self.remote:
             return FileSystemReader(str(folder))
-        return FsspecReader(str(folder))
+        return FsspecReader(str(folder), **S3_OPTIONS)
 
 
 def store_of(checkpoint: Path | str) -> CheckpointStore:
