@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint clean browser
+.PHONY: demo test lint clean browser ceph
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,20 @@ browser:
 			|| echo "chromium could not be installed: tests/apps/test_browser.py will skip"; \
 	fi
 
-test: $(STAMP) browser
+# The object-store checkpoint test starts Debian's radosgw on a one-node Ceph (runtime/radosgw.py):
+# installed here when missing and apt-get can (as root); otherwise
+# tests/runtime/test_object_store_checkpoint.py skips and says why.
+CEPH_PACKAGES := ceph-mon ceph-osd radosgw ceph-common
+ceph:
+	@if ! (command -v ceph-mon && command -v ceph-osd && command -v radosgw && \
+		command -v radosgw-admin) >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's $(CEPH_PACKAGES) for the object-store test"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			$(CEPH_PACKAGES) >/dev/null) \
+			|| echo "Ceph could not be installed: tests/runtime/test_object_store_checkpoint.py will skip"; \
+	fi
+
+test: $(STAMP) browser ceph
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -10,8 +10,8 @@ from planner.spec import PlanError
 
 
 def add_run_fault_args(parser: argparse.ArgumentParser) -> None:
-    """--checkpoint-every, --keep, --resume, --inject, --timeout-s, --on-nan, --max-restarts
-    (`runtime.faults.add_fault_args`, the flags ``runtime.train`` takes too)."""
+    """--checkpoint-every, --keep, --checkpoint-dir, --resume, --inject, --timeout-s, --on-nan,
+    --max-restarts (`runtime.faults.add_fault_args`, the flags ``runtime.train`` takes too)."""
     from runtime.faults import add_fault_args
     add_fault_args(parser, launcher=True)
 
@@ -19,7 +19,8 @@ def add_run_fault_args(parser: argparse.ArgumentParser) -> None:
 def run_fault_kwargs(args: argparse.Namespace) -> dict:
     """`runtime.launch.run_plan` keyword arguments from the flags above."""
     return {"checkpoint_every": args.checkpoint_every, "keep": args.keep,
-            "resume": args.resume, "inject": args.inject,
+            "resume": args.resume, "checkpoint_dir": args.checkpoint_dir,
+            "inject": args.inject,
             "collective_timeout_s": args.timeout_s, "on_nan": args.on_nan,
             "max_restarts": args.max_restarts,
             "straggler_threshold": args.straggler_threshold,

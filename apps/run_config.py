@@ -40,7 +40,7 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
 
     Args:
         faults: `runtime.launch.run_plan`'s fault keywords (`apps.cmd_faults.run_fault_kwargs`:
-            checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan,
+            checkpoint_every, keep, resume, checkpoint_dir, inject, collective_timeout_s, on_nan,
             max_restarts); None: the defaults. The command carries every one that is not a
             default, so running it reproduces the run.
         ep: expert parallel degree (``--ep``; None: the plan's).
@@ -52,7 +52,8 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
     pf = read_plan_file(plan_path)
     out = run_folder(out_dir, pf.plan.id)
     plan = pf.to_dict()["plan"]
-    options = {"checkpoint_every": 0, "keep": 2, "resume": None, "inject": [],
+    options = {"checkpoint_every": 0, "keep": 2, "resume": None, "checkpoint_dir": None,
+               "inject": [],
                "collective_timeout_s": None, "on_nan": "stop", "max_restarts": 0,
                "straggler_threshold": None, "straggler_window": None, "on_straggler": "warn",
                "spares": 0, "ranks_per_node": 1,
@@ -61,7 +62,8 @@ def resolved_run_config(plan_path: str | os.PathLike, *, steps: int,
     options["inject"] = list(options["inject"])
     train_args = fault_cli_args(
         checkpoint_every=options["checkpoint_every"], keep=options["keep"],
-        resume=options["resume"], inject=options["inject"],
+        resume=options["resume"], checkpoint_dir=options["checkpoint_dir"],
+        inject=options["inject"],
         timeout_s=options["collective_timeout_s"], on_nan=options["on_nan"],
         straggler_threshold=options["straggler_threshold"],
         straggler_window=options["straggler_window"], on_straggler=options["on_straggler"])

@@ -8,9 +8,24 @@ Layout of a checkpoint folder::
     DIR/step00000006/manifest.json                             sha256 and size of every file
     DIR/latest                                                 name of the newest checkpoint
 
-A save writes into ``DIR/tmp-step...`` and rank 0 renames it to ``DIR/step...`` only after every
-rank's shard and the manifest are on disk (``os.rename`` of a folder is atomic on POSIX), so a
-crash mid-write never leaves a folder that looks complete. The newest ``keep`` are kept.
+``DIR`` is a local folder or an object-store prefix ``s3://bucket/prefix`` (`CheckpointStore`;
+DCP writes it through fsspec, `torch.distributed.checkpoint.FsspecWriter`, with s3fs). How a
+checkpoint becomes visible only once complete:
+
+- on a local disk, a save writes into ``DIR/tmp-step...`` and rank 0 renames it to
+  ``DIR/step...`` only after every rank's shard and the manifest are on disk (``os.rename`` of
+  a folder is atomic on POSIX), so a crash mid-write never leaves a folder that looks complete;
+- an object store has no rename (s3fs "renames" by copying every object, which doubles the
+  write and is not atomic), so the shards are written under ``DIR/step.../`` directly and the
+  manifest is the commit point: rank 0 writes ``manifest.json`` with one PUT after every rank's
+  shards are stored, and only a ``step.../`` prefix holding a manifest counts as a checkpoint
+  (a PUT is atomic: a reader sees the whole object or none; S3 and radosgw read after write
+  consistently). Until then the prefix is a temporary one, ignored by readers and removed at
+  the next load; pruning deletes a manifest before the rest, so a half-deleted checkpoint is
+  never seen as complete. A re-save of a step that already has a checkpoint (after a fallback
+  from a damaged one) first removes the old objects, before any rank writes.
+
+``latest`` is replaced atomically on both (``os.replace``; one PUT). The newest ``keep`` are kept.
 `CheckpointManager.load_latest` verifies the manifest's checksums and falls back to the previous
 checkpoint when the newest one is damaged. DCP reshards model and optimizer state when the
 resuming job has another DP / TP / PP layout; the per-rank ``extra`` files are then replaced by
@@ -28,6 +43,7 @@ data size doesn't match expected size"; measured on torch 2.13).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -37,10 +53,16 @@ import time
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlparse
 
+import fsspec  # a torch dependency; its s3:// scheme is s3fs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+# DCP's fsspec storage; torch 2.13 does not re-export it from torch.distributed.checkpoint
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -48,7 +70,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from runtime.faults import corrupt_file
+from runtime.faults import corrupt_bytes
 
 #: Seconds a rank waits for rank 0 to finish (rename) a checkpoint it helped write.
 LAND_TIMEOUT_S = 60.0
@@ -66,48 +88,223 @@ def checkpoint_name(step: int) -> str:
     return f"step{step:08d}"
 
 
+#: URL schemes of object stores (s3fs; S3-compatible servers such as Ceph's radosgw).
+OBJECT_STORE_SCHEMES = ("s3",)
+
+
+def is_object_store(location: str | os.PathLike) -> bool:
+    """Whether ``location`` is an object-store URL (``s3://bucket/prefix``), not a local path."""
+    return isinstance(location, str) and urlparse(location).scheme in OBJECT_STORE_SCHEMES
+
+
+def checkpoint_location(location: str | os.PathLike) -> Path | str:
+    """``location`` as the checkpoint functions take it: a `Path`, or an object-store URL
+    without a trailing slash (a URL must stay a string: `Path` would fold ``s3://`` to
+    ``s3:/``)."""
+    return location.rstrip("/") if is_object_store(location) else Path(location)
+
+
+def location_name(location: str | os.PathLike) -> str:
+    """Last component of a path or URL (a checkpoint's ``step...`` name)."""
+    return str(location).rstrip("/").rsplit("/", 1)[-1]
+
+
+def join(location: Path | str, *names: str) -> Path | str:
+    """``location / names``, for a `Path` or an object-store URL."""
+    if isinstance(location, Path):
+        return location.joinpath(*names)
+    return "/".join([location.rstrip("/"), *names])
+
+
+#: s3fs options of every object-store client here, DCP's included (one cached instance):
+#: other processes write into the same prefixes, so no listing may come from a cache.
+S3_OPTIONS = {"use_listings_cache": False}
+
+
+class CheckpointStore:
+    """File operations of checkpoints in a local folder or under an object-store prefix.
+
+    The local folder uses the OS (and ``os.rename`` as the commit); the object store uses
+    fsspec's s3fs, configured as boto is (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_ENDPOINT_URL`` for a server other than AWS, e.g. radosgw), with no listing cache:
+    other ranks write into the same prefix, so every listing must ask the server.
+
+    Args:
+        location: a folder, or ``s3://bucket/prefix``.
+    """
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        self.location = checkpoint_location(location)
+        self.remote = not isinstance(self.location, Path)
+        if self.remote:
+            self.fs = fsspec.filesystem("s3", **S3_OPTIONS)
+
+    def _key(self, location: Path | str) -> str:
+        return str(location).split("://", 1)[1]
+
+    def url(self, *names: str) -> Path | str:
+        return join(self.location, *names)
+
+    # -- single objects ----------------------------------------------------------------------
+    def read_bytes(self, location: Path | str) -> bytes:
+        if not self.remote:
+            return Path(location).read_bytes()
+        return self.fs.cat_file(self._key(location))
+
+    def write_bytes(self, location: Path | str, data: bytes) -> None:
+        """Write a whole file atomically (local: a temporary file and ``os.replace``; object
+        store: one PUT)."""
+        if not self.remote:
+            tmp = Path(str(location) + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, location)
+            return
+        self.fs.pipe_file(self._key(location), data)
+
+    def remove_file(self, location: Path | str) -> None:
+        if not self.remote:
+            Path(location).unlink()
+        else:
+            self.fs.rm_file(self._key(location))
+
+    def exists(self, location: Path | str) -> bool:
+        return Path(location).exists() if not self.remote else self.fs.exists(self._key(location))
+
+    def files(self, folder: Path | str) -> dict[str, int]:
+        """``{file name: size in bytes}`` of the files directly in ``folder`` ({} if none)."""
+        if not self.remote:
+            folder = Path(folder)
+            return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()} \
+                if folder.is_dir() else {}
+        try:
+            entries = self.fs.ls(self._key(folder), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {location_name(e["name"]): int(e["size"]) for e in sorted(
+            entries, key=lambda e: e["name"]) if e["type"] == "file"}
+
+    def sha256(self, location: Path | str) -> str:
+        digest = hashlib.sha256()
+        opener = Path(location).open("rb") if not self.remote else \
+            self.fs.open(self._key(location), "rb", block_size=8 << 20)
+        with opener as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    # -- checkpoint folders ------------------------------------------------------------------
+    def children(self, prefix: str) -> list[Path | str]:
+        """Sub-folders of the store whose names start with ``prefix``, sorted by name."""
+        if not self.remote:
+            folder = self.location
+            return sorted(p for p in folder.iterdir() if p.is_dir() and
+                          p.name.startswith(prefix)) if folder.is_dir() else []
+        try:
+            entries = self.fs.ls(self._key(self.location), detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(self.url(location_name(e["name"])) for e in entries
+                      if e["type"] == "directory" and location_name(e["name"]).startswith(prefix))
+
+    def checkpoints(self) -> list[Path | str]:
+        """Finished checkpoints, newest first: local ``step*`` folders (only a finished save
+        is renamed to that name); object-store ``step*/`` prefixes with a manifest (the
+        commit point, module docstring)."""
+        found = self.children("step")
+        if self.remote:
+            found = [c for c in found if MANIFEST in self.files(c)]
+        return found[::-1]
+
+    def unfinished(self) -> list[Path | str]:
+        """Folders of saves that never finished (local ``tmp-step*``; object-store ``step*/``
+        prefixes without a manifest)."""
+        if not self.remote:
+            return self.children("tmp-step")
+        return [c for c in self.children("step") if MANIFEST not in self.files(c)]
+
+    def remove(self, folder: Path | str) -> None:
+        """Delete a checkpoint folder (object store: its manifest first, module docstring)."""
+        if not self.remote:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        key = self._key(folder)
+        try:
+            self.fs.rm_file(f"{key}/{MANIFEST}")
+        except FileNotFoundError:
+            pass
+        try:
+            self.fs.rm(key, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def writer(self, folder: Path | str):
+        """DCP storage writer of checkpoint ``folder``. The object store's skips fsync:
+        a stored PUT is durable, and DCP falls back to ``os.sync()`` of the whole machine on a
+        stream without a file descriptor."""
+        if not self.remote:
+            return FileSystemWriter(str(folder))
+        return FsspecWriter(str(folder), sync_files=False, **S3_OPTIONS)
+
+    def reader(self, folder: Path | str):
+        if not self.remote:
+            return FileSystemReader(str(folder))
+        return FsspecReader(str(folder), **S3_OPTIONS)
+
+
+def store_of(checkpoint: Path | str) -> CheckpointStore:
+    """The store that holds checkpoint folder ``checkpoint`` (its parent)."""
+    checkpoint = checkpoint_location(checkpoint)
+    parent = checkpoint.parent if isinstance(checkpoint, Path) else \
+        checkpoint.rsplit("/", 1)[0]
+    return CheckpointStore(parent)
+
+
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return CheckpointStore(Path(path).parent).sha256(path)
 
 
-def write_manifest(folder: Path, step: int) -> dict:
-    """Write ``folder/manifest.json`` (sha256 + size of every other file) and return it."""
-    files = {p.name: {"sha256": sha256_file(p), "size_bytes": p.stat().st_size}
-             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    manifest = {"step": step, "files": files, "time_unix_s": time.time()}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, folder / MANIFEST)
+def build_manifest(folder: Path | str, step: int) -> dict:
+    """The manifest of checkpoint ``folder``: sha256 and size of every file but the manifest."""
+    store = store_of(folder)
+    files = {name: {"sha256": store.sha256(join(folder, name)), "size_bytes": size}
+             for name, size in store.files(folder).items()
+             if name not in (MANIFEST, MANIFEST + ".tmp")}
+    return {"step": step, "files": files, "time_unix_s": time.time()}
+
+
+def write_manifest(folder: Path | str, step: int, manifest: dict | None = None) -> dict:
+    """Write ``folder/manifest.json`` (``manifest``, default `build_manifest`) and return it."""
+    manifest = manifest or build_manifest(folder, step)
+    store_of(folder).write_bytes(join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
     return manifest
 
 
-def verify(folder: Path) -> str | None:
+def read_manifest(folder: Path | str) -> dict:
+    return json.loads(store_of(folder).read_bytes(join(folder, MANIFEST)))
+
+
+def verify(folder: Path | str) -> str | None:
     """None when every file matches the manifest, else what is wrong (one line)."""
-    path = folder / MANIFEST
-    if not path.is_file():
-        return f"{folder.name} has no {MANIFEST}"
-    for name, entry in json.loads(path.read_text())["files"].items():
-        file = folder / name
-        if not file.is_file():
-            return f"{folder.name}/{name} is missing"
-        if file.stat().st_size != entry["size_bytes"]:
-            return f"{folder.name}/{name} has {file.stat().st_size} bytes, manifest says " \
+    folder = checkpoint_location(folder)
+    store, name = store_of(folder), location_name(folder)
+    present = store.files(folder)
+    if MANIFEST not in present:
+        return f"{name} has no {MANIFEST}"
+    for file, entry in read_manifest(folder)["files"].items():
+        if file not in present:
+            return f"{name}/{file} is missing"
+        if present[file] != entry["size_bytes"]:
+            return f"{name}/{file} has {present[file]} bytes, manifest says " \
                    f"{entry['size_bytes']}"
-        if sha256_file(file) != entry["sha256"]:
-            return f"{folder.name}/{name} fails its sha256 check"
+        if store.sha256(join(folder, file)) != entry["sha256"]:
+            return f"{name}/{file} fails its sha256 check"
     return None
 
 
-def list_checkpoints(folder: Path) -> list[Path]:
-    """Finished checkpoints in ``folder``, newest first (temporary folders excluded)."""
-    if not folder.is_dir():
-        return []
-    return sorted((p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step")),
-                  reverse=True)
+def list_checkpoints(folder: str | os.PathLike) -> list[Path | str]:
+    """Finished checkpoints in ``folder`` (a path or an object-store URL), newest first
+    (temporary folders excluded)."""
+    return CheckpointStore(folder).checkpoints()
 
 
 def _container(modules: list[torch.nn.Module]) -> torch.nn.Module:
@@ -147,7 +344,7 @@ class CheckpointManager:
     """Saves and loads this rank's part of the training state (see the module docstring).
 
     Args:
-        folder: the checkpoint folder (shared by all ranks).
+        folder: the checkpoint folder (shared by all ranks): a path or ``s3://bucket/prefix``.
         modules: this rank's parallel modules (`runtime.train.build_step`).
         optimizer: the optimizer over their parameters.
         keep: newest checkpoints kept (>= 1).
@@ -162,7 +359,8 @@ class CheckpointManager:
                  corrupt_at=None, timeout_s: float = 120.0) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep} must be >= 1")
-        self.folder = Path(folder)
+        self.store = CheckpointStore(folder)
+        self.folder = self.store.location
         self.model = _container(modules)
         self.optimizer = optimizer
         self.keep = keep
@@ -191,48 +389,61 @@ class CheckpointManager:
         """
         start = time.perf_counter()
         self.wait()
-        tmp = self.folder / f"tmp-{checkpoint_name(step)}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
+        if self.store.remote:
+            # the step's prefix is the temporary folder until its manifest lands (module
+            # docstring); objects of an earlier save of this step go before anyone writes
+            tmp = self.store.url(checkpoint_name(step))
+            if self.rank == 0 and self.store.files(tmp):
+                self.store.remove(tmp)
+            dist.barrier(group=self.group)
+        else:
+            tmp = self.folder / f"tmp-{checkpoint_name(step)}"
+            tmp.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(extra, buffer)
+        self.store.write_bytes(join(tmp, f"extra_rank{self.rank}.pt"), buffer.getvalue())
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=FLAT_OPTIM)
         state = {"model": self._chunk_free(model_sd), "optim": self._chunk_free(optim_sd)}
         self._pending_step = step
         self._landed.clear()
         if self.asynchronous:
-            response = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group,
-                                      async_stager=self._stager)
+            response = dcp.async_save(state, storage_writer=self.store.writer(tmp),
+                                      process_group=self.group, async_stager=self._stager)
             self._staging, self._future = response.staging_completion, response.upload_completion
             self._future.add_done_callback(lambda fut: self._finish(fut, step, tmp))
         else:
-            dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
+            dcp.save(state, storage_writer=self.store.writer(tmp), process_group=self.group)
             done: Future = Future()
             done.set_result(None)
             self._finish(done, step, tmp)
         self.blocking_s.append(time.perf_counter() - start)
 
-    def _finish(self, fut: Future, step: int, tmp: Path) -> None:
+    def _finish(self, fut: Future, step: int, tmp: Path | str) -> None:
         """When this rank's save is done; rank 0 (whose future completes last, after the
-        save's final gather) writes the manifest, renames, updates ``latest`` and prunes."""
+        save's final gather) writes the manifest, commits (local: renames), updates
+        ``latest`` and prunes."""
         try:
             if fut.exception() is not None or self.rank != 0:
                 return
-            write_manifest(tmp, step)
+            store = self.store
+            manifest = build_manifest(tmp, step)
             if self.corrupt_at(step):
-                # Injected damage lands before the rename: a rank that sees the checkpoint in
+                # Injected damage lands before the commit: a rank that sees the checkpoint in
                 # place (`wait_landed`) sees it damaged, as a disk fault after the write would
                 # leave it; the manifest's checksums are of the good bytes.
-                shard = max((p for p in tmp.iterdir() if p.suffix == ".distcp"),
-                            key=lambda p: p.stat().st_size)
-                corrupt_file(shard)
-            final = self.folder / checkpoint_name(step)
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            latest_tmp = self.folder / "latest.tmp"
-            latest_tmp.write_text(final.name + "\n")
-            os.replace(latest_tmp, self.folder / "latest")
-            for old in list_checkpoints(self.folder)[self.keep:]:
-                shutil.rmtree(old, ignore_errors=True)
+                shard = max((n for n in manifest["files"] if n.endswith(".distcp")),
+                            key=lambda n: manifest["files"][n]["size_bytes"])
+                store.write_bytes(join(tmp, shard), corrupt_bytes(
+                    store.read_bytes(join(tmp, shard))))
+            write_manifest(tmp, step, manifest)        # the object store's commit point
+            final = store.url(checkpoint_name(step))
+            if not store.remote:
+                if final.exists():
+                    shutil.rmtree(final)
+                os.rename(tmp, final)           # the local commit point
+            store.write_bytes(store.url("latest"), (location_name(final) + "\n").encode())
+            for old in store.checkpoints()[self.keep:]:
+                store.remove(old)
         except BaseException as exc:             # surfaced by wait(); a thread cannot raise
             self.finalize_error = exc
         finally:
@@ -269,9 +480,9 @@ class CheckpointManager:
         self.wait()
         if self._pending_step is None:
             return
-        final = self.folder / checkpoint_name(self._pending_step) / MANIFEST
+        final = self.store.url(checkpoint_name(self._pending_step), MANIFEST)
         deadline = time.monotonic() + timeout_s
-        while not final.exists() and time.monotonic() < deadline:
+        while not self.store.exists(final) and time.monotonic() < deadline:
             time.sleep(0.02)
 
     # -- loading ---------------------------------------------------------------------------
@@ -280,44 +491,46 @@ class CheckpointManager:
         """Load the newest checkpoint that verifies (collective: every rank calls it).
 
         Args:
-            folder: where to look (default: this manager's folder).
+            folder: where to look, a path or an object-store URL (default: this manager's
+                folder).
         Returns:
             (its step, this rank's ``extra`` dict (`load_extra`: another rank's, marked, when
             the checkpoint was written by a different number of ranks), one line per damaged
             checkpoint skipped); (0, None, lines) when there is none.
         """
-        folder = Path(folder) if folder is not None else self.folder
+        store = CheckpointStore(folder) if folder is not None else self.store
         choice: list = [None, []]
         if self.rank == 0:
             skipped = []
-            for candidate in list_checkpoints(folder):
+            for candidate in store.checkpoints():
                 problem = verify(candidate)
                 if problem is None:
                     choice = [str(candidate), skipped]
                     break
-                skipped.append(f"checkpoint {candidate.name} is damaged ({problem}); "
+                skipped.append(f"checkpoint {location_name(candidate)} is damaged ({problem}); "
                                "falling back to the previous one")
             else:
                 choice = [None, skipped]
-            for leftover in folder.glob("tmp-step*") if folder.is_dir() else []:
-                shutil.rmtree(leftover, ignore_errors=True)    # unfinished saves
+            for leftover in store.unfinished():
+                store.remove(leftover)                         # unfinished saves
         dist.broadcast_object_list(choice, src=0)
         path, skipped = choice
         if path is None:
             return 0, None, skipped
-        options = FLAT_OPTIM if _flat_optimizer_keys(Path(path)) else StateDictOptions()
+        path = checkpoint_location(path)
+        options = FLAT_OPTIM if _flat_optimizer_keys(path) else StateDictOptions()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
-        chunk_free = options is FLAT_OPTIM and not _chunk_indexed_keys(Path(path))
+        chunk_free = options is FLAT_OPTIM and not _chunk_indexed_keys(path)
         keyed = self._chunk_free if chunk_free else dict
         state = {"model": keyed(model_sd), "optim": keyed(optim_sd)}
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, storage_reader=store.reader(path))
         if chunk_free:       # back to this rank's own keys (DCP replaced non-tensor values)
             state = {"model": {k: state["model"][chunk_free_key(k)] for k in model_sd},
                      "optim": {k: state["optim"][chunk_free_key(k)] for k in optim_sd}}
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=options)
-        return int(json.loads((Path(path) / MANIFEST).read_text())["step"]), \
-            load_extra(Path(path), self.rank, dist.get_world_size()), skipped
+        return int(read_manifest(path)["step"]), \
+            load_extra(path, self.rank, dist.get_world_size()), skipped
 
 
     def _chunk_free(self, state: dict) -> dict:
@@ -326,27 +539,32 @@ class CheckpointManager:
             else state
 
 
-def _chunk_indexed_keys(folder: Path) -> bool:
+def _saved_keys(folder: Path | str):
+    return store_of(folder).reader(folder).read_metadata().state_dict_metadata
+
+
+def _chunk_indexed_keys(folder: Path | str) -> bool:
     """Whether checkpoint ``folder`` was written by an interleaved pipeline before keys were
     made chunk-free (``model.0.tok.weight``); it loads on the same layout only."""
-    keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    keys = _saved_keys(folder)
     return any(re.match(r"model\.\d+\.", key) for key in keys)
 
 
-def _flat_optimizer_keys(folder: Path) -> bool:
+def _flat_optimizer_keys(folder: Path | str) -> bool:
     """Whether checkpoint ``folder`` keys its optimizer param groups by FQN (`FLAT_OPTIM`);
     False for a checkpoint written before that (``optim.param_groups.0.lr``), which loads in
     the list form (correct on a layout with one pipeline stage per rank set, as it was saved)."""
-    keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    keys = _saved_keys(folder)
     return "optim.param_groups.0.lr" not in keys        # no parameter's FQN is "0"
 
 
-def saved_world_size(folder: Path) -> int:
+def saved_world_size(folder: Path | str) -> int:
     """Ranks that wrote checkpoint ``folder``: its ``extra_rank{r}.pt`` files."""
-    return sum(1 for p in folder.glob("extra_rank*.pt"))
+    return sum(1 for name in store_of(folder).files(folder)
+               if re.fullmatch(r"extra_rank\d+\.pt", name))
 
 
-def load_extra(folder: Path, rank: int, world_size: int) -> dict:
+def load_extra(folder: Path | str, rank: int, world_size: int) -> dict:
     """Rank ``rank``'s small state from checkpoint ``folder`` in a job of ``world_size`` ranks.
 
     Written by as many ranks: the rank's own ``extra_rank{rank}.pt``. Written by a different
@@ -358,14 +576,18 @@ def load_extra(folder: Path, rank: int, world_size: int) -> dict:
     Raises:
         FileNotFoundError: the folder holds no ``extra_rank0.pt``.
     """
+    folder = checkpoint_location(folder)
+    store = store_of(folder)
+
+    def load(name: str) -> dict:
+        return torch.load(io.BytesIO(store.read_bytes(join(folder, name))), weights_only=False)
     saved = saved_world_size(folder)
     if saved == world_size:
-        return torch.load(folder / f"extra_rank{rank}.pt", weights_only=False)
-    first = folder / "extra_rank0.pt"
-    if not first.is_file():
-        raise FileNotFoundError(f"checkpoint {folder.name} has no extra_rank0.pt (data "
-                                "position and RNG states); it cannot be resumed")
-    return torch.load(first, weights_only=False) | {"resharded_from": saved}
+        return load(f"extra_rank{rank}.pt")
+    if "extra_rank0.pt" not in store.files(folder):
+        raise FileNotFoundError(f"checkpoint {location_name(folder)} has no extra_rank0.pt "
+                                "(data position and RNG states); it cannot be resumed")
+    return load("extra_rank0.pt") | {"resharded_from": saved}
 
 
 def rng_state() -> dict:

@@ -50,19 +50,22 @@ ON_NAN = ("stop", "skip")
 
 def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -> None:
     """The fault-tolerance flags, shared by ``runtime.train`` and ``meshplan run``
-    (``launcher=True``: adds ``--max-restarts`` and leaves out the per-process
-    ``--checkpoint-dir`` and ``--sync-checkpoint``)."""
+    (``launcher=True``: adds ``--max-restarts`` and leaves out the measurement flag
+    ``--sync-checkpoint``)."""
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                         help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
                              "steps into OUT/checkpoints (default 0: none)")
     parser.add_argument("--keep", type=int, default=2, metavar="N",
                         help="newest checkpoints kept (default 2)")
-    if not launcher:
-        parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                            help="where checkpoints go (default: OUT/checkpoints)")
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="where checkpoints go: a folder or an object-store URL "
+                             "s3://bucket/prefix (credentials and endpoint from "
+                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL; "
+                             "default: OUT/checkpoints)")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="start from the newest valid checkpoint in DIR (a checkpoint "
-                             "folder, or a run folder: its checkpoints/)")
+                             "folder or s3://bucket/prefix, or a run folder: its "
+                             "checkpoints/)")
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault (repeatable): kill:rank=R,step=S, "
                              "hang:rank=R,step=S, slow:rank=R,factor=F, "
@@ -244,11 +247,17 @@ class Injector:
 
 def corrupt_file(path: Path, *, offset_fraction: float = 0.5, count: int = 64) -> None:
     """Flip ``count`` bytes of ``path`` in the middle (the file keeps its size)."""
-    data = bytearray(path.read_bytes())
-    start = int(len(data) * offset_fraction)
-    for i in range(start, min(start + count, len(data))):
-        data[i] ^= 0xFF
-    path.write_bytes(bytes(data))
+    path.write_bytes(corrupt_bytes(path.read_bytes(), offset_fraction=offset_fraction,
+                                   count=count))
+
+
+def corrupt_bytes(data: bytes, *, offset_fraction: float = 0.5, count: int = 64) -> bytes:
+    """``data`` with ``count`` bytes flipped in the middle (same length)."""
+    out = bytearray(data)
+    start = int(len(out) * offset_fraction)
+    for i in range(start, min(start + count, len(out))):
+        out[i] ^= 0xFF
+    return bytes(out)
 
 
 def faults_error(specs, *, steps: int, world: int | None = None,
@@ -299,7 +308,8 @@ def fault_flags_error(config) -> str | None:
 
 
 def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
-                   inject=(), timeout_s: float | None = None, on_nan: str = "stop",
+                   checkpoint_dir=None, inject=(), timeout_s: float | None = None,
+                   on_nan: str = "stop",
                    straggler_threshold: float | None = None,
                    straggler_window: int | None = None,
                    on_straggler: str = "warn") -> list[str]:
@@ -310,6 +320,8 @@ def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
         args += ["--checkpoint-every", str(checkpoint_every)]
     if keep != 2:
         args += ["--keep", str(keep)]
+    if checkpoint_dir is not None:
+        args += ["--checkpoint-dir", str(checkpoint_dir)]
     if resume is not None:
         args += ["--resume", str(resume)]
     for spec in inject:

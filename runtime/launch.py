@@ -83,6 +83,7 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
              quiet: bool = False, save_params: str | os.PathLike | None = None,
              profile: bool = False, attention: str | None = None, max_restarts: int = 0,
              checkpoint_every: int = 0, keep: int = 2, resume: str | os.PathLike | None = None,
+             checkpoint_dir: str | os.PathLike | None = None,
              inject: list[str] | tuple[str, ...] = (), collective_timeout_s: float | None = None,
              on_nan: str = "stop", ep: int | None = None,
              straggler_threshold: float | None = None,
@@ -99,9 +100,10 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         profile: write torch profiler Chrome traces (``trace_rank{r}.json``) into out_dir.
         attention: "sdpa" or "tiled" (default: $MESHPLAN_ATTENTION, else "sdpa").
         max_restarts: torchrun restarts of the whole group after a failure.
-        checkpoint_every, keep, resume, inject, collective_timeout_s, on_nan:
+        checkpoint_every, keep, resume, checkpoint_dir, inject, collective_timeout_s, on_nan:
             ``runtime.train``'s ``--checkpoint-every K``, ``--keep N``, ``--resume DIR``,
-            ``--inject SPEC`` (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
+            ``--checkpoint-dir DIR`` (a folder or ``s3://bucket/prefix``), ``--inject SPEC``
+            (each), ``--timeout-s S`` and ``--on-nan stop|skip``.
         ep: expert parallel degree (``--ep``; None: the plan's).
         straggler_threshold, straggler_window, on_straggler: ``--straggler-threshold``,
             ``--straggler-window``, ``--on-straggler`` (`runtime.health`; None: default).
@@ -123,12 +125,14 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                            attention=attention, max_restarts=max_restarts, ep=ep,
                            train_args=fault_cli_args(
                                checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                               inject=inject, timeout_s=collective_timeout_s, on_nan=on_nan,
+                               checkpoint_dir=checkpoint_dir, inject=inject,
+                               timeout_s=collective_timeout_s, on_nan=on_nan,
                                straggler_threshold=straggler_threshold,
                                straggler_window=straggler_window, on_straggler=on_straggler))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     flags = resume_flags(data=data, checkpoint_every=checkpoint_every, keep=keep,
+                         checkpoint_dir=checkpoint_dir,
                          collective_timeout_s=collective_timeout_s, on_nan=on_nan,
                          max_restarts=max_restarts, straggler_threshold=straggler_threshold,
                          straggler_window=straggler_window, on_straggler=on_straggler)
@@ -190,7 +194,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
                             nproc=nproc_left, timeout_s=timeout_s, quiet=quiet,
                             save_params=save_params, profile=profile, attention=attention,
                             max_restarts=max_restarts, checkpoint_every=checkpoint_every,
-                            keep=keep, resume=Path(out_dir) / "checkpoints",
+                            keep=keep, resume=checkpoint_dir or Path(out_dir) / "checkpoints",
+                            checkpoint_dir=checkpoint_dir,
                             inject=inject_left, collective_timeout_s=collective_timeout_s,
                             on_nan=on_nan, straggler_threshold=straggler_threshold,
                             straggler_window=straggler_window, on_straggler=on_straggler,
@@ -242,7 +247,8 @@ def exit_codes(lines: list[str]) -> dict[int, str]:
 
 
 def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
-                 collective_timeout_s: float | None = None, on_nan: str = "stop",
+                 checkpoint_dir=None, collective_timeout_s: float | None = None,
+                 on_nan: str = "stop",
                  max_restarts: int = 0, straggler_threshold: float | None = None,
                  straggler_window: int | None = None, on_straggler: str = "warn"
                  ) -> list[str]:
@@ -255,7 +261,8 @@ def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
     """
     flags = ["--data", str(data)] if data is not None else []
     flags += fault_cli_args(checkpoint_every=checkpoint_every, keep=keep,
-                            timeout_s=collective_timeout_s, on_nan=on_nan,
+                            checkpoint_dir=checkpoint_dir, timeout_s=collective_timeout_s,
+                            on_nan=on_nan,
                             straggler_threshold=straggler_threshold,
                             straggler_window=straggler_window, on_straggler=on_straggler)
     return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])
@@ -285,12 +292,21 @@ def interrupted_line(signum: int, plan_file_path, out_dir, steps: int,
 
 
 def resume_clause(plan_file_path, out: Path, steps: int, resume_flags: list[str] = ()) -> str:
-    """``; newest checkpoint stepK: resume with `meshplan run ...`"`` or ``""`` without one."""
-    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step*") if p.is_dir())
+    """``; newest checkpoint stepK: resume with `meshplan run ...`"`` or ``""`` without one.
+    The checkpoints are the ``--checkpoint-dir`` of ``resume_flags`` (a folder or an
+    object-store URL), else ``out/checkpoints``."""
+    from runtime.checkpoint import list_checkpoints, location_name  # imports torch
+    flags = list(resume_flags)
+    folder = flags[flags.index("--checkpoint-dir") + 1] if "--checkpoint-dir" in flags \
+        else out / "checkpoints"
+    try:
+        checkpoints = list_checkpoints(folder)
+    except Exception:              # an object store that cannot be reached now: no clause
+        return ""
     if not checkpoints:
         return ""
-    return (f"; newest checkpoint {checkpoints[-1]}: resume with `meshplan run "
-            f"{plan_file_path} --steps {steps} --out {out} --resume {out / 'checkpoints'}"
+    return (f"; newest checkpoint {location_name(checkpoints[0])}: resume with `meshplan run "
+            f"{plan_file_path} --steps {steps} --out {out} --resume {folder}"
             + "".join(f" {shlex.quote(flag)}" for flag in resume_flags) + "`")
 
 

@@ -46,8 +46,12 @@ from runtime.accounting import (  # noqa: F401 - job_accounting, read_events: pu
 )
 from runtime.checkpoint import (
     CheckpointManager,
+    CheckpointStore,
+    checkpoint_location,
+    join,
     list_checkpoints,
     load_extra,
+    location_name,
     rng_state,
     saved_world_size,
     set_rng_state,
@@ -77,7 +81,8 @@ def fault_args_error(config: TrainConfig, world: int | None = None,
     problem = faults_error(all_fault_specs(config), steps=config.steps, world=world,
                            checkpoint_every=config.checkpoint_every)
     if problem is None and (config.checkpoint_every or config.resume is not None):
-        folder = config.checkpoint_dir or Path(config.out_dir) / "checkpoints"
+        folder = checkpoint_location(config.checkpoint_dir
+                                     or Path(config.out_dir) / "checkpoints")
         problem = checkpoint_folder_error(folder)
     # a restart resumes its own checkpoints; the --resume folder was checked by attempt 0
     if problem is None and config.resume is not None and attempt_number() == 0:
@@ -91,8 +96,21 @@ def fault_args_error(config: TrainConfig, world: int | None = None,
 def checkpoint_folder_error(folder: str | os.PathLike) -> str | None:
     """Why checkpoints cannot be written into ``folder``, or None: it is created if missing
     and a probe file is written and removed (a real write: permission bits say nothing to
-    root, and a read-only mount or a file in the way only shows on writing)."""
-    folder = Path(folder)
+    root, and a read-only mount or a file in the way only shows on writing). An object-store
+    URL gets a probe object (a missing bucket, bad credentials or an unreachable endpoint show
+    here)."""
+    folder = checkpoint_location(folder)
+    if not isinstance(folder, Path):
+        store = CheckpointStore(folder)
+        probe = join(folder, f".write-probe-{os.getpid()}")
+        try:
+            store.write_bytes(probe, b"")
+            store.remove_file(probe)
+        except Exception as exc:       # botocore and s3fs raise many kinds; all mean the same
+            return (f"checkpoint location {folder!r} cannot be written ({type(exc).__name__}: "
+                    f"{str(exc)[:200]}); create the bucket, check AWS_ACCESS_KEY_ID / "
+                    "AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL, or give a local --checkpoint-dir")
+        return None
     probe = folder / f".write-probe-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -104,7 +122,7 @@ def checkpoint_folder_error(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def resume_error(folder: Path, global_batch: int | None = None) -> str | None:
+def resume_error(folder: Path | str, global_batch: int | None = None) -> str | None:
     """Why the checkpoints of ``folder`` cannot be resumed, or None: every one of them fails
     its checksums (`runtime.checkpoint.verify`), so a resume would silently start from step
     0; or the newest valid one was trained with another global batch than ``global_batch``
@@ -112,33 +130,42 @@ def resume_error(folder: Path, global_batch: int | None = None) -> str | None:
     damaged = []
     for candidate in list_checkpoints(folder):
         if (problem := verify(candidate)) is not None:
-            damaged.append(f"{candidate.name}: {problem}")
+            damaged.append(f"{location_name(candidate)}: {problem}")
             continue
         try:
             extra = load_extra(candidate, 0, saved_world_size(candidate))
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-            damaged.append(f"{candidate.name}: extra_rank0.pt does not load ({exc})")
+            damaged.append(f"{location_name(candidate)}: extra_rank0.pt does not load ({exc})")
             continue
         saved = extra.get("global_batch", global_batch)
         if global_batch is not None and saved != global_batch:
-            return (f"--resume {str(folder)!r}: checkpoint {candidate.name} was trained with "
-                    f"global_batch={saved}, this plan has global_batch={global_batch}; resume "
-                    f"with a plan of global_batch={saved} (any tp, pp, dp and micro-batch that "
+            return (f"--resume {str(folder)!r}: checkpoint {location_name(candidate)} was "
+                    f"trained with global_batch={saved}, this plan has global_batch="
+                    f"{global_batch}; resume with a plan of global_batch={saved} (any tp, pp, dp and micro-batch that "
                     "divide it), or start a new run without --resume")
         return None
     return (f"--resume {str(folder)!r}: every checkpoint is damaged ({'; '.join(damaged)}); "
             "nothing to resume from: start a new run without --resume")
 
 
-def resume_folder(path: str | os.PathLike) -> Path:
+def resume_folder(path: str | os.PathLike) -> Path | str:
     """The checkpoint folder that ``--resume path`` means: ``path`` itself when it holds
-    checkpoints (``step*/`` folders), else a run folder's ``path/checkpoints``.
+    checkpoints (``step*/`` folders), else a run folder's ``path/checkpoints``; ``path`` may
+    be an object-store URL (``s3://bucket/prefix``, returned as a string).
 
     Raises:
         ValueError: ``path`` does not exist, or neither it nor ``path/checkpoints`` holds a
             checkpoint (the message names both and the fix).
     """
-    folder = Path(path)
+    folder = checkpoint_location(path)
+    if not isinstance(folder, Path):
+        for candidate in (folder, join(folder, "checkpoints")):
+            if list_checkpoints(candidate):
+                return candidate
+        raise ValueError(f"--resume {path!r}: no finished checkpoint under it nor under "
+                         f"{join(folder, 'checkpoints')!r} (no step*/ prefix with a "
+                         f"manifest.json); resume from the --checkpoint-dir of a run with "
+                         "--checkpoint-every K")
     if not folder.is_dir():
         raise ValueError(f"--resume folder {str(path)!r} does not exist; give a run folder "
                          "(OUT of a run with --checkpoint-every K) or its checkpoints/ folder")
@@ -190,11 +217,11 @@ class Resilience:
         # one writer per DP rank: its first TP (and CP) peer of the first pipeline stage
         self.writes_consumed = mesh["tp"].get_local_rank() == 0 and \
             mesh["pp"].get_local_rank() == 0 and cp_rank(mesh) == 0
-        self.ckpt_dir = Path(config.checkpoint_dir or self.out / "checkpoints")
+        self.ckpt_dir = checkpoint_location(config.checkpoint_dir or self.out / "checkpoints")
         self.events = self.out / "faults" / "events.jsonl"
         # a resume into the run folder that wrote the checkpoint continues that job's records
         self.continues_job = config.resume is not None and \
-            Path(config.resume).resolve() == self.ckpt_dir.resolve()
+            _same_location(config.resume, self.ckpt_dir)
         self.attempt = 0              # the job's attempt number, across launches (rank 0)
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +314,7 @@ class Resilience:
         if self.restart > 0 and list_checkpoints(self.ckpt_dir):
             source = self.ckpt_dir
         elif self.config.resume is not None:
-            source = Path(self.config.resume)
+            source = checkpoint_location(self.config.resume)
         step, extra = 0, None
         if source is not None and self.checkpoints is not None:
             step, extra, self.fallbacks = self.checkpoints.load_latest(source)
@@ -440,7 +467,12 @@ class Resilience:
             StopTraining: the checkpoint folder cannot be written any more (a restart would
                 meet the same folder, so it is not worth one).
         """
-        if (problem := checkpoint_folder_error(self.ckpt_dir)) is not None:
+        # a local folder is probed before each save (a disk can turn read-only under a run);
+        # an object store was probed before the launch (`fault_args_error`): a probe PUT and
+        # DELETE per save would block the training loop for two round trips, and a write that
+        # fails later surfaces as that save's error
+        if isinstance(self.ckpt_dir, Path) and \
+                (problem := checkpoint_folder_error(self.ckpt_dir)) is not None:
             self._stop(step, f"after step {step}: {problem}")
         batch = self.batches.global_batch
         extra = {"rng": rng_state(), "step": step, "dp_rank": self.dp_rank,
@@ -476,6 +508,13 @@ class Resilience:
             "interrupted": self.interrupted,
             "skipped_steps": self.skipped_steps, "checkpoint_fallbacks": self.fallbacks,
             "faults_injected": [f.spec for f in parse_faults(all_fault_specs(self.config))]}
+
+
+def _same_location(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    a, b = checkpoint_location(a), checkpoint_location(b)
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return a == b
 
 
 def resumed_rng_seed(seed: int, step: int, rank: int) -> int:

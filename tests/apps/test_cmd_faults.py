@@ -11,9 +11,11 @@ def test_run_fault_flags_become_run_plan_keywords():
     args = build_parser().parse_args([
         "run", "plan.yaml", "--checkpoint-every", "3", "--keep", "3", "--max-restarts", "2",
         "--timeout-s", "10", "--inject", "kill:rank=1,step=7", "--inject", "nan:step=9",
-        "--on-nan", "skip", "--resume", "runs/x/checkpoints"])
+        "--on-nan", "skip", "--resume", "runs/x/checkpoints",
+        "--checkpoint-dir", "s3://bucket/run"])
     assert run_fault_kwargs(args) == {
         "checkpoint_every": 3, "keep": 3, "resume": "runs/x/checkpoints",
+        "checkpoint_dir": "s3://bucket/run",
         "inject": ["kill:rank=1,step=7", "nan:step=9"], "collective_timeout_s": 10.0,
         "on_nan": "skip", "max_restarts": 2, "straggler_threshold": 0.7,
         "straggler_window": 5, "on_straggler": "warn", "spares": 0, "ranks_per_node": 1}
