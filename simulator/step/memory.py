@@ -245,6 +245,41 @@ def _linear_params(model: ModelSpec) -> float:
     return model.layer_matmul_params()
 
 
+def zero3_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes of unsharded weights ZeRO-3 / FSDP holds on one rank while a block computes:
+    the block's all-gathered parameters and the next block's, prefetched (PyTorch FSDP2
+    ``reshard_after_forward`` with one-block prefetch; DeepSpeed ZeRO-3's prefetch bucket),
+    two blocks' worth in the plan dtype. A dense block: its parameters / tp (nothing is
+    gathered when dp·cp = 1: the weights are whole already). An MoE block: its non-expert
+    parameters / tp and its E/ep local experts (`simulator.step.moe.expert_params_per_block`);
+    without expert parallelism a rank gathers every expert of a block: for DeepSeek-V3
+    256 x 44.0M routed parameters plus ~0.23B others, 23.0 GB per block in bf16.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("deepseek-v3")
+    >>> p = Plan(tp=1, pp=1, dp=1024, micro_batch=1, global_batch=1024, zero_stage=3)
+    >>> round(zero3_buffer_bytes(m, p) / 1e9, 1)   # two blocks, ep = 1
+    46.0
+    >>> round(zero3_buffer_bytes(m, p.replace(ep=64)) / 1e9, 1)   # 4 local experts each
+    1.6
+    >>> l70 = load_model("llama3-70b")   # 2 blocks x 855.6M parameters / tp 4 x 2 bytes
+    >>> round(zero3_buffer_bytes(l70, Plan(tp=4, pp=1, dp=128, micro_batch=1,
+    ...                                    global_batch=512, zero_stage=3)) / 1e9, 3)
+    0.856
+    """
+    if plan.zero_stage < 3:
+        return 0.0
+    if not model.is_moe:
+        if plan.dp_cp == 1:
+            return 0.0
+        return 2 * model.layer_params() / plan.tp * DTYPE_BYTES[plan.dtype]
+    from simulator.step.moe import expert_params_per_block
+    moe_block = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
+    routed = model.num_experts * model.expert_params()
+    dense = (model.block_params(moe_block, active=False) - routed) / plan.tp
+    return 2 * (dense + expert_params_per_block(model, plan)) * DTYPE_BYTES[plan.dtype]
+
+
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
                      fp32_main_grads: bool = False,
@@ -256,9 +291,8 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
     distributed optimizer does), 2 also gradients, 3 also weights. Activations are
     `layer_activation_bytes` × the stage's layers × `microbatches_in_flight`, plus the
     embedding / logits on the first / last stage. An MoE model (`simulator.step.moe`) holds
-    E/ep experts per rank, sharded by ZeRO over edp, the dispatched tokens' activations, and
-    under ZeRO-3 two gathered blocks' weights (`zero3_buffer_bytes`; not yet counted for
-    dense models).
+    E/ep experts per rank, sharded by ZeRO over edp, and the dispatched tokens' activations.
+    Under ZeRO-3 every model also holds two gathered blocks' weights (`zero3_buffer_bytes`).
 
     Args:
         overhead_bytes: fixed per-rank extra (framework context, buffers); 0 by default.
@@ -339,15 +373,10 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
         layers = sum(chunks[c] for c in held_chunks[stage])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
                                                            held_chunks[stage])
-        gathered = 0.0
+        gathered = zero3_buffer_bytes(model, plan)
         if moe:
-            from simulator.step.moe import (
-                activation_delta_bytes,
-                stage_expert_blocks,
-                zero3_buffer_bytes,
-            )
+            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
-            gathered = zero3_buffer_bytes(model, plan)
 
         def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
             # bytes of both parameter groups, each sharded over its own group under ZeRO

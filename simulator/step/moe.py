@@ -340,28 +340,3 @@ def zero3_layer_groups(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[f
     expert = expert_params_per_block(model, plan) * moe[-1] / model.num_layers
     return [(dense, list(group_ranks(plan, "dp_cp", stage=stage))),
             (expert, expert_group_ranks(plan, "edp", stage=stage))]
-
-
-def zero3_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Bytes of unsharded weights ZeRO-3 / FSDP holds on one rank of an MoE model while a
-    block computes: the block's all-gathered parameters and the next block's, prefetched
-    (PyTorch FSDP2 ``reshard_after_forward`` with one-block prefetch; DeepSpeed ZeRO-3's
-    prefetch bucket), two MoE blocks' worth: their non-expert parameters / tp and their
-    E/ep local experts (`expert_params_per_block`), in the plan dtype. Without expert
-    parallelism a rank gathers every expert of a block: for DeepSeek-V3 256 x 44.0M routed
-    parameters plus ~0.23B others, 23.0 GB per block in bf16.
-
-    >>> from planner.presets import load_model
-    >>> m = load_model("deepseek-v3")
-    >>> p = Plan(tp=1, pp=1, dp=1024, micro_batch=1, global_batch=1024, zero_stage=3)
-    >>> round(zero3_buffer_bytes(m, p) / 1e9, 1)   # two blocks, ep = 1
-    46.0
-    >>> round(zero3_buffer_bytes(m, p.replace(ep=64)) / 1e9, 1)   # 4 local experts each
-    1.6
-    """
-    if plan.zero_stage < 3:
-        return 0.0
-    moe_block = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
-    routed = model.num_experts * model.expert_params()
-    dense = (model.block_params(moe_block, active=False) - routed) / plan.tp
-    return 2 * (dense + expert_params_per_block(model, plan)) * DTYPE_BYTES[plan.dtype]

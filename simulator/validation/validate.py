@@ -29,7 +29,8 @@ Defaults (never tuned per row):
 * torchtitan (FSDP2): bf16 parameters with fp32 gradient reduction, SDPA flash attention,
   FULL_SHARD over every data-parallel rank with the next block's gather prefetched,
   reduce-scatters overlapped, selective recomputation unless stated, async TP (TP
-  communication overlapped) where the notes say so; cluster ``dgx-h100`` / ``dgx-h200``.
+  communication overlapped) where the notes say so; cluster ``dgx-h100`` / ``dgx-h200``, or
+  ``grand-teton-h100`` where the ``gpu`` cell names the HBM2e H100 (Meta's 500 W parts).
 * vTrain (Megatron-DeepSpeed): GPT-2 vocab 50,257 (padded as Megatron pads it,
   `megatron_padded_vocab`), fp16, full recomputation, 1F1B, unfused
   attention, blocking P2P (with the fitted Megatron-DeepSpeed send/recv overhead), gradients
@@ -253,14 +254,16 @@ def _a100_40gb(row: dict) -> bool:
 
 #: Cluster presets a published row's ``gpu`` cell can name (see `gpu_cluster`).
 GPU_CLUSTERS = ("dgx-a100", "dgx-a100-40gb", "pcie-a100", "jean-zay-a100", "dgx-h100",
-                "dgx-h200", "dgx-b200", "gb200-nvl72-seg16")
+                "grand-teton-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-seg16")
 
 
 def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     """(cluster preset, flags) for the GPU a published row names in its ``gpu`` cell.
 
     H100 / H800 -> ``dgx-h100`` (SXM with NVSwitch and 8 x 400 Gb/s, flagged when the form
-    factor is not stated), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
+    factor is not stated); an H100 naming HBM2e (not PCIe) -> ``grand-teton-h100`` (the 96 GB
+    HBM2e part at a 500 W limit, device ``h100-sxm-96gb-500w``; flagged when the cell names no
+    limit), H200 -> ``dgx-h200``, B200 -> ``dgx-b200``; A100 -> ``dgx-a100``,
     ``dgx-a100-40gb`` (40 GB named, or a 2020 DGX A100 naming no size), ``pcie-a100`` (PCIe
     named) or ``jean-zay-a100`` (Jean Zay, or an A100 row naming no DGX whose framework
     recipe's ``cluster`` is ``jean-zay-a100``: ``site``). GB200 -> ``gb200-nvl72-seg16`` (a
@@ -270,6 +273,8 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     ('dgx-h100', [])
     >>> gpu_cluster({"gpu": "H100", "source": "x"})[1]
     ['gpu=H100 SXM (form factor not stated)']
+    >>> gpu_cluster({"gpu": "H100 SXM 96GB HBM2e, 500W limit (Meta Grand Teton)", "source": "x"})
+    ('grand-teton-h100', [])
 
     Raises:
         PlanError: the cell names a GPU without a device profile (e.g. V100, MI250X, TPU).
@@ -277,6 +282,15 @@ def gpu_cluster(row: dict, site: str | None = None) -> tuple[str, list[str]]:
     gpu = row["gpu"].lower().replace(" ", "").replace("-", "")
     flags: list[str] = []
     if "h100" in gpu or "h800" in gpu:
+        if "hbm2e" in gpu and "pcie" not in gpu:
+            # The 96 GB HBM2e H100 SXM at a lower power limit (Meta's Grand Teton hosts).
+            watts = re.search(r"(\d+)wlimit", gpu)
+            if watts is None:
+                flags.append("gpu=H100 SXM 96GB HBM2e at 500 W (power limit not stated)")
+            elif watts.group(1) != "500":
+                raise PlanError(f"gpu={row['gpu']!r}: no device profile for an HBM2e H100 at "
+                                f"{watts.group(1)} W; h100-sxm-96gb-500w is the 500 W part")
+            return "grand-teton-h100", flags
         if "pcie" in gpu:
             flags.append("gpu=H100 SXM (no PCIe preset)")
         elif "sxm" not in gpu and "dgx" not in gpu:

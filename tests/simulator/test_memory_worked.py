@@ -34,3 +34,19 @@ def test_first_1f1b_stage_holds_pp_micro_batches_of_full_recompute_inputs():
     stage0 = memory_per_stage(LLAMA8B, plan)[0]
     per_mb = 8 * 8_388_608 + 2 * 8192 * 4096
     assert stage0.activations_bytes == pytest.approx(4 * per_mb)
+
+
+def test_dense_zero3_holds_two_gathered_blocks_beside_its_shard():
+    # Llama 3 8B block: attention 4096·(4096 + 2·1024 + 4096) = 41,943,040, SwiGLU MLP
+    # 3·4096·14336 = 176,160,768, two RMSNorm weights 8,192 -> 218,112,000 parameters. FSDP
+    # holds the computing block and the prefetched next one unsharded: 2 x 218,112,000 / tp 2
+    # x 2 bytes = 436,224,000 bytes more weight memory than the ZeRO-3 shard alone; with
+    # dp = 1 nothing is gathered.
+    sharded = Plan(tp=2, pp=1, dp=8, micro_batch=1, global_batch=8, zero_stage=3)
+    z1 = sharded.replace(zero_stage=2)
+    w3 = memory_per_stage(LLAMA8B, sharded)[0].weights_bytes
+    w2 = memory_per_stage(LLAMA8B, z1)[0].weights_bytes
+    assert w3 - w2 / 8 == pytest.approx(436_224_000)
+    alone = Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=1, zero_stage=3)
+    assert memory_per_stage(LLAMA8B, alone)[0].weights_bytes == \
+        pytest.approx(memory_per_stage(LLAMA8B, alone.replace(zero_stage=0))[0].weights_bytes)

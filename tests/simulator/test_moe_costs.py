@@ -108,7 +108,7 @@ def test_fsdp_holds_two_gathered_blocks_of_local_experts():
     # ZeRO-3 gathers a block before use and prefetches the next: two MoE blocks unsharded.
     # DeepSeek-V3 block: 256 routed experts of 3*7168*2048 = 44,040,192 parameters; with
     # ep=64 a rank gathers its 4 local experts, with ep=1 all 256.
-    from simulator.step.moe import zero3_buffer_bytes
+    from simulator.step.memory import zero3_buffer_bytes
     m = load_model("deepseek-v3")
     p = Plan(tp=1, pp=1, dp=64, micro_batch=1, global_batch=64, zero_stage=3)
     routed = 3 * 7168 * 2048

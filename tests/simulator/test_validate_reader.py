@@ -48,6 +48,30 @@ def test_gpu_cell_picks_the_cluster():
         gpu_cluster({"gpu": "V100 32GB", "source": ""})
 
 
+def test_hbm2e_h100_cell_picks_the_power_limited_part_whatever_the_source():
+    # The cell, not the source, decides: the same torchtitan source on an "H100 80GB" row
+    # stays on the DGX H100.
+    cell = "H100 SXM 96GB HBM2e, 500W limit (Meta Grand Teton: 8 GPUs/host on NVLink)"
+    assert gpu_cluster({"gpu": cell, "source": "any"}) == ("grand-teton-h100", [])
+    assert gpu_cluster({"gpu": "H100 80GB", "source": "pytorch/torchtitan"})[0] == "dgx-h100"
+    cluster, flags = gpu_cluster({"gpu": "H100 SXM ~95GB HBM2e, lower TDP", "source": ""})
+    assert cluster == "grand-teton-h100"
+    assert flags == ["gpu=H100 SXM 96GB HBM2e at 500 W (power limit not stated)"]
+    with pytest.raises(PlanError, match="600 W"):
+        gpu_cluster({"gpu": "H100 SXM 96GB HBM2e, 600W limit", "source": ""})
+
+
+def test_power_limited_h100_profile_from_its_datasheet_points():
+    from simulator.validation.validate import validation_cluster
+    d = validation_cluster("grand-teton-h100", 2).device
+    # H100 NVL (835 TFLOP/s dense BF16, 400 W) to H100 SXM (989, 700 W) at 500 W, by hand:
+    # 835 + 100 / 300 x 154 = 886.3.
+    assert d.peak("bf16") == pytest.approx(835e12 + 100 / 300 * 154e12, rel=1e-3)
+    assert d.peak("fp8") / d.peak("bf16") == pytest.approx(1979 / 989, rel=1e-3)
+    assert d.memory_bandwidth_Bps == pytest.approx(2.41e12)
+    assert d.memory_bytes == pytest.approx(96e9)
+
+
 def test_family_from_source_not_year():
     # A source naming no framework gets the fallback family, flagged, whatever its year.
     fw, flags = pick_framework({"source": "Meta, The Llama 3 Herd of Models (2024)"})
