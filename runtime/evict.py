@@ -118,32 +118,61 @@ def remap_faults(specs: list[str], kept: list[int | None]) -> list[str]:
     return out
 
 
+def best_plan_at(pf: PlanFile, world: int) -> tuple[PlanFile, float] | None:
+    """The fastest predicted plan file of ``pf``'s model and global batch on exactly
+    ``world`` ranks of ``pf``'s localhost cluster (a world size whose cores are shared is a
+    different cluster, so each is searched on its own), and its predicted step time (s);
+    None when no plan is legal there (`planner.search.search`)."""
+    from simulator.network.cluster import load_cluster
+    ref = pf.cluster
+    cluster = load_cluster(ref.path or ref.name, ranks=world, cpu_profile=ref.cpu_profile)
+    result = search(pf.model, cluster, global_batch=pf.plan.global_batch, num_devices=world,
+                    dtype=pf.plan.dtype, space=SearchSpace(cp=(1,)), top_k=3, explain=False)
+    if result.ranked.empty:
+        return None
+    plan = result.plans[result.ranked.iloc[0]["id"]]
+    pred = result.predictions[plan.id]
+    return (PlanFile(model=pf.model, plan=plan, prediction=pred.to_dict(),
+                     cluster=replace(ref, ranks=world)), pred.step_time_s)
+
+
 def best_plan_on(pf: PlanFile, max_world: int) -> tuple[PlanFile, float]:
     """The fastest predicted plan file of ``pf``'s model and global batch on at most
-    ``max_world`` ranks of ``pf``'s localhost cluster, and its predicted step time (s).
+    ``max_world`` ranks of ``pf``'s localhost cluster (`best_plan_at` on each world size),
+    and its predicted step time (s).
 
     Raises:
         PlanError: no legal plan on any world size up to ``max_world``.
     """
-    from simulator.network.cluster import load_cluster
     best = None
-    ref = pf.cluster
     for world in range(max_world, 0, -1):
-        cluster = load_cluster(ref.path or ref.name, ranks=world, cpu_profile=ref.cpu_profile)
-        result = search(pf.model, cluster, global_batch=pf.plan.global_batch, num_devices=world,
-                        dtype=pf.plan.dtype, space=SearchSpace(cp=(1,)), top_k=3,
-                        explain=False)
-        if result.ranked.empty:
-            continue
-        plan = result.plans[result.ranked.iloc[0]["id"]]
-        pred = result.predictions[plan.id]
-        if best is None or pred.step_time_s < best[1]:
-            best = (PlanFile(model=pf.model, plan=plan, prediction=pred.to_dict(),
-                             cluster=replace(ref, ranks=world)), pred.step_time_s)
+        found = best_plan_at(pf, world)
+        if found is not None and (best is None or found[1] < best[1]):
+            best = found
     if best is None:
         raise PlanError(f"no legal plan of {pf.model.name} with global_batch="
                         f"{pf.plan.global_batch} on 1 to {max_world} ranks")
     return best
+
+
+def plan_for_world(pf: PlanFile, world: int) -> PlanFile:
+    """The plan file an elastic launch (``torchrun --nnodes MIN:MAX``) trains when ``world``
+    ranks joined: ``pf`` itself when its world size is ``world``, else the planner's best plan
+    of the same model and global batch on exactly ``world`` ranks (`best_plan_at`); the
+    global batch stays, so the data position continues on the new layout.
+
+    Raises:
+        PlanError: no legal plan on ``world`` ranks (the message names the world size).
+    """
+    if world == pf.plan.world_size:
+        return pf
+    found = best_plan_at(pf, world)
+    if found is None:
+        raise PlanError(f"{world} rank(s) joined the elastic launch, but no plan of "
+                        f"{pf.model.name} with global_batch={pf.plan.global_batch} runs on "
+                        f"{world} ranks; give --nnodes a range whose every size x "
+                        "--nproc-per-node has a plan")
+    return found[0]
 
 
 def straggler_step_s(pf: PlanFile, seen: list[dict]) -> float:
