@@ -3,6 +3,9 @@
     meshplan launch plan.yaml --nodes 2 --rdzv-endpoint 10.0.0.1:29500            # every node
     meshplan launch plan.yaml --nodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29500 --run
     meshplan launch plan.yaml --nodes 64 --slurm train.sbatch
+    # elastic: runs on 1 to 2 nodes, the rendezvous in etcd, restarts from checkpoints
+    meshplan launch plan.yaml --nodes 2 --min-nodes 1 --rdzv-backend etcd-v2 \
+        --rdzv-endpoint 10.0.0.9:2379 --max-restarts 3 --checkpoint-every 5
 """
 
 from __future__ import annotations
@@ -67,6 +70,43 @@ def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> Non
                         f"tp*pp*dp = {world}: use --nodes {need}")
 
 
+def elastic_train_args(args: argparse.Namespace) -> list[str]:
+    """The `runtime.train` checkpoint flags of a launch, checked by `TrainConfig` (its
+    `PlanError` names the flag); an elastic range (``--min-nodes`` below ``--nodes``) needs
+    ``--max-restarts`` >= 1 and ``--checkpoint-every`` >= 1, or losing a node ends the job or
+    restarts it from step 0, and a plan on every world size of the range
+    (`runtime.evict.plan_for_world`)."""
+    from planner.planfile import read_plan_file
+    from runtime.config import TrainConfig
+    from runtime.evict import plan_for_world
+    from runtime.faults import fault_cli_args
+    TrainConfig(plan_path=args.plan, out_dir=args.out or "runs", steps=args.steps,
+                checkpoint_every=args.checkpoint_every, keep=args.keep,
+                checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                timeout_s=args.timeout_s)
+    if args.max_restarts < 0:
+        raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
+    min_nodes = args.nodes if args.min_nodes is None else args.min_nodes
+    if not 1 <= min_nodes <= args.nodes:
+        raise PlanError(f"--min-nodes={min_nodes} must be in 1..--nodes={args.nodes}")
+    if min_nodes < args.nodes:
+        if args.max_restarts < 1 or args.checkpoint_every < 1:
+            raise PlanError(f"--min-nodes={min_nodes} < --nodes={args.nodes} is an elastic "
+                            f"launch: it needs --max-restarts >= 1 (now {args.max_restarts}) "
+                            f"and --checkpoint-every >= 1 (now {args.checkpoint_every}) to "
+                            "continue after a node is lost; e.g. --max-restarts 3 "
+                            "--checkpoint-every 5")
+        pf = read_plan_file(args.plan)
+        per_node = pf.plan.world_size // args.nodes
+        for nodes in range(min_nodes, args.nodes):
+            plan_for_world(pf, nodes * per_node)
+    flags = fault_cli_args(checkpoint_every=args.checkpoint_every, keep=args.keep,
+                           resume=args.resume, timeout_s=args.timeout_s)
+    if args.checkpoint_dir:
+        flags += ["--checkpoint-dir", args.checkpoint_dir]
+    return flags
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
     from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
@@ -77,6 +117,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
     check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
+    train_args = elastic_train_args(args)
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
@@ -98,6 +139,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     commands = [torchrun_node_command(args.plan, nodes=args.nodes, node_rank=r,
                                       rdzv_endpoint=args.rdzv_endpoint, steps=args.steps,
                                       out_dir=args.out, data=args.data, rdzv_id=args.rdzv_id,
+                                      min_nodes=args.min_nodes, rdzv_backend=args.rdzv_backend,
+                                      rdzv_conf=args.rdzv_conf,
+                                      max_restarts=args.max_restarts or None,
+                                      train_args=train_args,
                                       # Printed lines run on other nodes: name the launcher
                                       # portably; --run starts it here with this interpreter.
                                       launcher=None if args.run else ["torchrun"])
@@ -117,6 +162,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `launch` on the CLI's subparsers."""
+    from planner.launch import RDZV_BACKENDS
+    from runtime.faults import add_checkpoint_args
     sl = sub.add_parser("launch", help="print or run torchrun per node, or write an sbatch "
                         "script, for a plan file")
     sl.add_argument("plan", help="plan file (YAML), readable at the same path on every node")
@@ -125,8 +172,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sl.add_argument("--node-rank", type=int, help="this node (default: print every node)")
     sl.add_argument("--nproc-per-node", type=int, help="workers per node, checked against "
                     "the plan (world / nodes) and the node's GPUs (default: world / nodes)")
-    sl.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (node 0)")
+    sl.add_argument("--min-nodes", type=int, help="fewest nodes the job runs on (default "
+                    "--nodes); below --nodes the launch is elastic (torchrun --nnodes MIN:MAX): "
+                    "after a lost node the rest re-plan and continue from the checkpoint")
+    sl.add_argument("--rdzv-backend", choices=RDZV_BACKENDS, default="c10d",
+                    help="c10d: the rendezvous lives on node 0 and ends with it; etcd-v2: in "
+                         "an etcd server (etcd --enable-v2; pip install python-etcd) that "
+                         "outlives any node (default c10d)")
+    sl.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous: node 0 (c10d) or "
+                    "the etcd server (etcd-v2, port 2379 by default)")
     sl.add_argument("--rdzv-id", help="job id shared by the nodes (default: the plan id)")
+    sl.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf, e.g. "
+                    "last_call_timeout=10,keep_alive_interval=2")
+    sl.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                    help="torchrun restarts after a failure or a lost node (default 0)")
+    add_checkpoint_args(sl)
+    sl.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                    help="collective timeout in seconds: a hung rank becomes an error")
     sl.add_argument("--steps", type=int, default=10)
     sl.add_argument("--out", help="run folder (default runs/<plan id>)")
     sl.add_argument("--data", help="text file to train on")

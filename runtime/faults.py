@@ -52,17 +52,7 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     """The fault-tolerance flags, shared by ``runtime.train`` and ``meshplan run``
     (``launcher=True``: adds ``--max-restarts`` and leaves out the per-process
     ``--checkpoint-dir`` and ``--sync-checkpoint``)."""
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
-                             "steps into OUT/checkpoints (default 0: none)")
-    parser.add_argument("--keep", type=int, default=2, metavar="N",
-                        help="newest checkpoints kept (default 2)")
-    if not launcher:
-        parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                            help="where checkpoints go (default: OUT/checkpoints)")
-    parser.add_argument("--resume", default=None, metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR (a checkpoint "
-                             "folder, or a run folder: its checkpoints/)")
+    add_checkpoint_args(parser, checkpoint_dir=not launcher)
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault (repeatable): kill:rank=R,step=S, "
                              "hang:rank=R,step=S, slow:rank=R,factor=F, "
@@ -85,6 +75,22 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     else:
         parser.add_argument("--sync-checkpoint", action="store_true",
                             help="blocking dcp.save instead of async_save (for measurements)")
+
+def add_checkpoint_args(parser: argparse.ArgumentParser, *, checkpoint_dir: bool = True) -> None:
+    """``--checkpoint-every``, ``--keep``, ``--checkpoint-dir`` (unless told not to) and
+    ``--resume``: shared by ``runtime.train``, ``meshplan run`` and ``meshplan launch``."""
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
+                             "steps into OUT/checkpoints (default 0: none)")
+    parser.add_argument("--keep", type=int, default=2, metavar="N",
+                        help="newest checkpoints kept (default 2)")
+    if checkpoint_dir:
+        parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                            help="where checkpoints go (default: OUT/checkpoints)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="start from the newest valid checkpoint in DIR (a checkpoint "
+                             "folder, or a run folder: its checkpoints/)")
+
 
 def add_straggler_args(parser: argparse.ArgumentParser) -> None:
     """``--straggler-threshold``, ``--straggler-window``, ``--on-straggler`` (`runtime.health`)."""
