@@ -11,9 +11,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from apps.format import command_console
@@ -68,6 +71,34 @@ def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> Non
         raise PlanError(f"--nodes={nodes} puts more than {per_node} workers on a node, but "
                         f"{cluster.name!r} nodes have {per_node} devices and the plan needs "
                         f"tp*pp*dp = {world}: use --nodes {need}")
+
+
+def check_etcd_rendezvous(endpoint: str, rdzv_conf: str | None = None) -> None:
+    """Raise `PlanError` when this node cannot meet at torchrun's etcd-v2 rendezvous on
+    ``endpoint`` (``HOST:PORT``, etcd's client port): the python-etcd package is missing, nothing
+    answers, or etcd answers without its v2 API (etcd 3.4 serves ``/v2/keys`` only with
+    ``--enable-v2``; else 404). Otherwise torchrun ends in a traceback of the rendezvous. An
+    https endpoint (``protocol=https`` in ``rdzv_conf``) is not probed: that needs the
+    client certificates torchrun is given."""
+    from planner.launch import parse_endpoint
+    if importlib.util.find_spec("etcd") is None:
+        raise PlanError("--rdzv-backend etcd-v2 needs the python-etcd package on every node: "
+                        "pip install python-etcd==0.4.5")
+    host, port = parse_endpoint(endpoint)
+    if "protocol=https" in (rdzv_conf or ""):
+        return
+    url = f"http://{host}:{port}/v2/keys"
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+    except urllib.error.HTTPError as exc:
+        hint = ("start etcd with --enable-v2" if exc.code == 404 else "check the server's log")
+        raise PlanError(f"--rdzv-endpoint {endpoint}: etcd answers {exc.code} for {url}, the "
+                        f"v2 API torchrun's etcd-v2 rendezvous uses; {hint}") from None
+    except OSError as exc:
+        raise PlanError(f"--rdzv-endpoint {endpoint}: no etcd answers there "
+                        f"({getattr(exc, 'reason', exc)}); start one on a host every node "
+                        "reaches (etcd --enable-v2 --listen-client-urls http://0.0.0.0:2379 "
+                        "--advertise-client-urls http://HOST:2379) or fix the endpoint") from None
 
 
 def elastic_train_args(args: argparse.Namespace) -> list[str]:
@@ -136,6 +167,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     ranks = [args.node_rank] if args.node_rank is not None else list(range(args.nodes))
     if args.run and args.node_rank is None:
         raise PlanError("--run starts one node's agent; give --node-rank R")
+    if args.run and args.rdzv_backend == "etcd-v2":
+        check_etcd_rendezvous(args.rdzv_endpoint, args.rdzv_conf)
     commands = [torchrun_node_command(args.plan, nodes=args.nodes, node_rank=r,
                                       rdzv_endpoint=args.rdzv_endpoint, steps=args.steps,
                                       out_dir=args.out, data=args.data, rdzv_id=args.rdzv_id,

@@ -48,13 +48,15 @@ def _free_port() -> int:
 
 
 @contextmanager
-def etcd_server(folder: Path):
-    """A one-member etcd server with the v2 API (torchrun's etcd-v2 rendezvous uses it) on
-    free ports of 127.0.0.1; yields its client endpoint ``127.0.0.1:PORT``."""
+def etcd_server(folder: Path, *, v2: bool = True):
+    """A one-member etcd server with the v2 API (torchrun's etcd-v2 rendezvous uses it; without
+    it when ``v2`` is False) on free ports of 127.0.0.1; yields its client endpoint
+    ``127.0.0.1:PORT``."""
     client, peer = _free_port(), _free_port()
     log = (folder / "etcd.log").open("w")
     proc = subprocess.Popen(
-        [ETCD, "--enable-v2", "--name", "meshplan-test", "--data-dir", str(folder / "etcd"),
+        [ETCD, *(["--enable-v2"] if v2 else []), "--name", "meshplan-test",
+         "--data-dir", str(folder / "etcd"),
          "--listen-client-urls", f"http://127.0.0.1:{client}",
          "--advertise-client-urls", f"http://127.0.0.1:{client}",
          "--listen-peer-urls", f"http://127.0.0.1:{peer}",
@@ -65,7 +67,7 @@ def etcd_server(folder: Path):
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{client}/v2/keys", timeout=1).read()
+                urllib.request.urlopen(f"http://127.0.0.1:{client}/version", timeout=1).read()
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -148,11 +150,35 @@ def test_an_elastic_world_trains_the_planners_plan_for_the_ranks_that_joined(dp2
         plan_for_world(pf, 3)          # 3 divides neither the batch of 8 nor the 2 layers
 
 
-@pytest.mark.skipif(ETCD is None, reason="needs Debian's etcd-server (`make test` installs it "
-                    "as root: apt-get install etcd-server)")
-@pytest.mark.skipif(importlib.util.find_spec("etcd") is None,
-                    reason="torchrun's etcd-v2 rendezvous needs the python-etcd package "
-                           "(pip install -e '.[dev]')")
+without_etcd = pytest.mark.skipif(
+    ETCD is None, reason="needs Debian's etcd-server (`make test` installs it as root: "
+    "apt-get install etcd-server)")
+without_python_etcd = pytest.mark.skipif(
+    importlib.util.find_spec("etcd") is None, reason="torchrun's etcd-v2 rendezvous needs the "
+    "python-etcd package (pip install -e '.[dev]')")
+
+
+@without_python_etcd
+@pytest.mark.parametrize("server", ["none", pytest.param("without-v2", marks=without_etcd)])
+def test_launch_run_refuses_an_etcd_endpoint_it_cannot_meet_at(server, dp2_plan, tmp_path,
+                                                                capsys):
+    from apps.cli import main
+
+    def launch(endpoint):
+        code = main(["launch", str(dp2_plan), "--nodes", "2", "--node-rank", "0",
+                     "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", endpoint, "--run"])
+        return code, " ".join(capsys.readouterr().err.split())
+    if server == "none":
+        code, err = launch(f"127.0.0.1:{_free_port()}")
+        assert code == 2 and "no etcd answers there" in err
+    else:
+        with etcd_server(tmp_path, v2=False) as endpoint:
+            code, err = launch(endpoint)
+        assert code == 2 and "etcd answers 404" in err and "--enable-v2" in err
+
+
+@without_etcd
+@without_python_etcd
 def test_losing_node_0_continues_on_the_other_node_from_its_checkpoint(dp2_plan, dp1_plan,
                                                                         tmp_path):
     out, ref = tmp_path / "run", tmp_path / "ref"
