@@ -135,9 +135,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Create the default process group; returns (rank, world_size).
 
-    Under torchrun the store is torchrun's agent store, namespaced per restart attempt: without
-    the prefix, restarted gloo workers hang or fail in connectFullMesh in most runs (measured on
-    torch 2.13 with gloo: 11 of 14 first restarts). Outside torchrun: one process, a HashStore.
+    Under torchrun the store is torchrun's agent store, namespaced per restart attempt (and
+    world size, for an elastic group): without the prefix, restarted gloo workers hang or fail
+    in connectFullMesh in most runs (measured on torch 2.13 with gloo: 11 of 14 first
+    restarts). Outside torchrun: one process, a HashStore.
     """
     timeout = timedelta(seconds=DIST_TIMEOUT_S if timeout_s is None else timeout_s)
     if "RANK" not in os.environ:
@@ -152,7 +153,9 @@ def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int,
                          is_master=(rank == 0 and not agent_store),
                          timeout=max(timeout, timedelta(seconds=DIST_TIMEOUT_S)))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"attempt{attempt}/", base)
+    # an elastic group whose membership changed restarts with the same count, in a larger or
+    # smaller world: the world size keeps its keys apart too
+    store = dist.PrefixStore(f"attempt{attempt}-world{world}/", base)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return rank, world
 
