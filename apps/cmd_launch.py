@@ -152,9 +152,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
+        etcd = args.rdzv_backend == "etcd-v2"
         script = sbatch_script(args.plan, nodes=args.nodes, port=port, steps=args.steps,
                                out_dir=args.out, data=args.data, time_limit=args.time,
-                               partition=args.partition)
+                               partition=args.partition, min_nodes=args.min_nodes,
+                               rdzv_backend=args.rdzv_backend,
+                               rdzv_endpoint=args.rdzv_endpoint if etcd else None,
+                               rdzv_conf=args.rdzv_conf,
+                               max_restarts=args.max_restarts or None, train_args=train_args)
         Path(args.slurm).write_text(script, encoding="utf-8")
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)

@@ -159,25 +159,46 @@ def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
 def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps: int = 10,
                   out_dir: str | Path | None = None, data: str | Path | None = None,
                   job_name: str | None = None, time_limit: str = "01:00:00",
-                  partition: str | None = None) -> str:
+                  partition: str | None = None, min_nodes: int | None = None,
+                  rdzv_backend: str = "c10d", rdzv_endpoint: str | None = None,
+                  rdzv_conf: str | None = None, max_restarts: int | None = None,
+                  train_args: list[str] | tuple[str, ...] = ()) -> str:
     """A Slurm batch script that trains ``plan_path`` on ``nodes`` nodes.
 
     One task per node runs torchrun with ``world_size / nodes`` workers (and as many GPUs);
-    the first node of the allocation hosts the c10d rendezvous on ``port``.
+    the first node of the allocation hosts the c10d rendezvous on ``port``, or, with
+    ``rdzv_backend="etcd-v2"``, the agents meet at the etcd server ``rdzv_endpoint``. With
+    ``min_nodes`` below ``nodes`` the range is elastic (`torchrun_node_command`) and srun
+    gets ``--no-kill``: srun(1), "Do not automatically terminate a job if one of the nodes it
+    has been allocated fails".
 
     Raises:
-        PlanError: as `torchrun_node_command`.
+        PlanError: as `torchrun_node_command`; etcd-v2 without ``rdzv_endpoint``.
     """
     pf = read_plan_file(plan_path)
     gpus = procs_per_node(pf.plan.world_size, nodes)
     if not 0 < port < 65536:
         raise PlanError(f"port={port} must be in 1..65535")
+    min_nodes = nodes if min_nodes is None else min_nodes
+    if not 1 <= min_nodes <= nodes:
+        raise PlanError(f"min_nodes={min_nodes} must be in [1, nodes={nodes}]")
+    if rdzv_backend not in RDZV_BACKENDS:
+        raise PlanError(f"rdzv_backend={rdzv_backend!r} is not one of {list(RDZV_BACKENDS)}")
+    if rdzv_backend == "etcd-v2" and rdzv_endpoint is None:
+        raise PlanError("rdzv_backend='etcd-v2' needs rdzv_endpoint, the etcd server's "
+                        "HOST:PORT (it runs outside the allocation's nodes)")
+    if rdzv_endpoint is not None:
+        parse_endpoint(rdzv_endpoint)
+    elastic = min_nodes < nodes
     plan_id = pf.plan.id
     out = str(out_dir) if out_dir is not None else f"runs/{plan_id}"
     torchrun = shell_line(torchrun_command(
         plan_path, nproc_per_node=gpus, steps=steps, out_dir=out, data=data,
-        nnodes="$SLURM_NNODES", node_rank="$SLURM_NODEID", rdzv_endpoint="$RDZV_HOST:$RDZV_PORT",
-        rdzv_id="$SLURM_JOB_ID", launcher=["torchrun"]))
+        nnodes=f"{min_nodes}:{nodes}" if elastic else "$SLURM_NNODES",
+        node_rank="$SLURM_NODEID", rdzv_endpoint=rdzv_endpoint or "$RDZV_HOST:$RDZV_PORT",
+        rdzv_id="$SLURM_JOB_ID", rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
+        max_restarts=max_restarts, launcher=["torchrun"],
+        train_args=list(train_args) + (["--elastic"] if elastic else [])))
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={job_name or plan_id}",
              f"#SBATCH --nodes={nodes}",
@@ -195,7 +216,8 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
         f"export RDZV_PORT={port}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
         "# single-quoted: each task expands its own $SLURM_NODEID",
-        "srun bash -c " + shlex.quote(f"exec {torchrun}"),
+        ("srun --no-kill bash -c " if elastic else "srun bash -c ")
+        + shlex.quote(f"exec {torchrun}"),
         ""]
     return "\n".join(lines)
 

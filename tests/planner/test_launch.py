@@ -173,3 +173,17 @@ def test_launch_cli_prints_elastic_lines_and_refuses_a_range_that_cannot_restart
     assert code == 2 and "--checkpoint-every=-1" in err
     code, _, err = _launch(capsys, *common[:4], "3", *common[5:])
     assert code == 2 and "--min-nodes=3 must be in 1..--nodes=2" in err
+
+
+def test_an_elastic_sbatch_script_meets_at_etcd_and_survives_a_node(big_plan):
+    script = sbatch_script(big_plan, nodes=16, min_nodes=12, rdzv_backend="etcd-v2",
+                           rdzv_endpoint="etcd.example:2379", max_restarts=3,
+                           train_args=["--checkpoint-every", "100"])
+    srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    assert srun.startswith("srun --no-kill bash -c 'exec torchrun ")
+    for part in ("--nnodes 12:16", "--rdzv-backend etcd-v2", "--rdzv-endpoint etcd.example:2379",
+                 "--max-restarts 3", "--checkpoint-every 100 --elastic"):
+        assert part in srun
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    with pytest.raises(PlanError, match="etcd-v2' needs rdzv_endpoint"):
+        sbatch_script(big_plan, nodes=16, rdzv_backend="etcd-v2")
