@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from planner.launch import torchrun_node_command
-from planner.planfile import read_plan_file
-from planner.spec import PlanError
+from planner.planfile import ClusterRef, PlanFile, read_plan_file
+from planner.presets import load_model
+from planner.spec import Plan, PlanError
 from runtime.evict import plan_for_world
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,6 +150,19 @@ def test_an_elastic_world_trains_the_planners_plan_for_the_ranks_that_joined(dp2
     assert one.plan.global_batch == pf.plan.global_batch == 8   # the data position continues
     with pytest.raises(PlanError, match="no plan of tiny-gpt with global_batch=8 runs on 3"):
         plan_for_world(pf, 3)          # 3 divides neither the batch of 8 nor the 2 layers
+
+
+def test_an_elastic_gpu_job_is_re_planned_on_whole_nodes():
+    big = PlanFile(model=load_model("llama3-70b"), cluster=ClusterRef(name="dgx-h100", nodes=16),
+                   plan=Plan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=64))
+    half = plan_for_world(big, 64)
+    assert (half.plan.world_size, half.cluster.nodes, half.plan.global_batch) == (64, 8, 64)
+    # 15 nodes: tp and dp are powers of 2 (64 heads, batch 64), so pp is a multiple of 15,
+    # which does not divide the 80 layers
+    with pytest.raises(PlanError, match="runs on 120 devices"):
+        plan_for_world(big, 120)
+    with pytest.raises(PlanError, match="runs on 100 devices"):
+        plan_for_world(big, 100)       # not whole nodes of 8 GPUs
 
 
 without_etcd = pytest.mark.skipif(
