@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.launch import torchrun_node_command
+from planner.launch import parse_endpoint, torchrun_node_command
 from planner.planfile import ClusterRef, PlanFile, read_plan_file
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
@@ -250,3 +250,41 @@ def test_losing_node_0_continues_on_the_other_node_from_its_checkpoint(dp2_plan,
     # fp32 sums in another order (2 ranks x 2 micro-batches, then 1 x 8, vs 1 x 4): measured
     # 1.2e-7 apart at most; a step trained on other samples differs by > 1e-2
     assert summary["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_losing_the_node_that_serves_a_c10d_rendezvous_ends_the_job(dp2_plan, tmp_path):
+    # why the elastic launch keeps its rendezvous in etcd: with torchrun's c10d backend the
+    # store lives in the agent of the endpoint's host (the first to bind the port)
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    agents, logs = [], []
+    try:
+        for node in (0, 1):
+            cmd = torchrun_node_command(
+                dp2_plan, nodes=2, node_rank=node, rdzv_endpoint=endpoint, steps=STEPS,
+                out_dir=out, min_nodes=1, rdzv_conf=RDZV_CONF, max_restarts=1,
+                train_args=["--checkpoint-every", "2"])
+            logs.append(tmp_path / f"node{node}.log")
+            agents.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=logs[-1].open("w"),
+                                           stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + 120
+            while node == 0:                  # node 0 serves the store before node 1 starts
+                with socket.socket() as s:
+                    if s.connect_ex(parse_endpoint(endpoint)) == 0:
+                        break
+                assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
+                time.sleep(0.1)
+        deadline = time.monotonic() + 180
+        while _steps_logged(out) < LOSE_AFTER:
+            assert time.monotonic() < deadline, "\n".join(p.read_text()[-2000:] for p in logs)
+            time.sleep(0.05)
+        lose_node(agents[0])
+        rc = agents[1].wait(timeout=240)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                lose_node(agent)
+    assert rc != 0
+    assert "RendezvousConnectionError" in logs[1].read_text()
