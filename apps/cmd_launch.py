@@ -25,10 +25,12 @@ from planner.spec import PlanError
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def launch_env() -> dict[str, str]:
+def launch_env(elastic: bool = False) -> dict[str, str]:
     """The environment a launched agent gets: one OpenMP thread unless set, this checkout first
-    on PYTHONPATH (so ``-m runtime.train`` resolves without an install)."""
-    env = dict(os.environ)
+    on PYTHONPATH (so ``-m runtime.train`` resolves without an install), and for an elastic
+    range `planner.launch.ELASTIC_ENV`."""
+    from planner.launch import ELASTIC_ENV
+    env = dict(os.environ) | (ELASTIC_ENV if elastic else {})
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     return env
@@ -140,7 +142,13 @@ def elastic_train_args(args: argparse.Namespace) -> list[str]:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
-    from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
+    from planner.launch import (
+        ELASTIC_ENV,
+        parse_endpoint,
+        sbatch_script,
+        shell_line,
+        torchrun_node_command,
+    )
     console = command_console(args)
     for flag, value in (("--nodes", args.nodes), ("--steps", args.steps)):
         if value is not None and value < 1:
@@ -185,16 +193,19 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                       # portably; --run starts it here with this interpreter.
                                       launcher=None if args.run else ["torchrun"])
                 for r in ranks]
-    out["commands"] = [{"node_rank": r, "argv": c, "line": shell_line(c)}
+    elastic = "--elastic" in commands[0]
+    agent_vars = {"OMP_NUM_THREADS": "1"} | (ELASTIC_ENV if elastic else {})
+    out["commands"] = [{"node_rank": r, "argv": c, "env": agent_vars,
+                        "line": shell_line(c, agent_vars)}
                        for r, c in zip(ranks, commands, strict=True)]
     if args.json:
         print(json.dumps(out))
     elif not args.run:
         for r, c in zip(ranks, commands, strict=True):
             console.print(f"# node {r} of {args.nodes}", highlight=False)
-            print(shell_line(c, {"OMP_NUM_THREADS": "1"}), flush=True)
+            print(shell_line(c, agent_vars), flush=True)
     if args.run:
-        return subprocess.run(commands[0], env=launch_env(), check=False).returncode
+        return subprocess.run(commands[0], env=launch_env(elastic), check=False).returncode
     return 0
 
 

@@ -28,6 +28,12 @@ from planner.spec import PlanError
 TRAIN_MODULE = "runtime.train"
 #: torchrun rendezvous backends a multi-node launch may use (module docstring).
 RDZV_BACKENDS = ("c10d", "etcd-v2")
+#: Environment of every agent of an elastic launch. By default the rank-0 agent of the first
+#: round keeps serving the workers' store in later rounds and publishes its address once; a
+#: node that joins a running job waits for that address forever (measured on torch 2.13 with
+#: etcd-v2: both agents stalled in the rendezvous of the larger round). With the opt-out,
+#: every round's rank 0 publishes a fresh store, which the workers' rank 0 serves.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def procs_per_node(world_size: int, nodes: int) -> int:
@@ -215,6 +221,7 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
         'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export RDZV_PORT={port}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        *(f"export {k}={v}" for k, v in (ELASTIC_ENV if elastic else {}).items()),
         "# single-quoted: each task expands its own $SLURM_NODEID",
         ("srun --no-kill bash -c " if elastic else "srun bash -c ")
         + shlex.quote(f"exec {torchrun}"),

@@ -164,6 +164,8 @@ def test_launch_cli_prints_elastic_lines_and_refuses_a_range_that_cannot_restart
                              "--keep", "3", "--timeout-s", "60", "--json")
     assert code == 0, err
     line = json.loads(out)["commands"][0]["line"]
+    # every round's rank 0 serves a fresh store: a node that joins later finds it
+    assert line.startswith("OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")
     for part in ("--nnodes 1:2", "--rdzv-backend etcd-v2", "--max-restarts 3",
                  "--checkpoint-every 5 --keep 3 --timeout-s 60.0 --elastic"):
         assert part in line
@@ -184,6 +186,7 @@ def test_an_elastic_sbatch_script_meets_at_etcd_and_survives_a_node(big_plan):
     for part in ("--nnodes 12:16", "--rdzv-backend etcd-v2", "--rdzv-endpoint etcd.example:2379",
                  "--max-restarts 3", "--checkpoint-every 100 --elastic"):
         assert part in srun
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in script.splitlines()
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     with pytest.raises(PlanError, match="etcd-v2' needs rdzv_endpoint"):
         sbatch_script(big_plan, nodes=16, rdzv_backend="etcd-v2")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.launch import parse_endpoint, torchrun_node_command
+from planner.launch import ELASTIC_ENV, parse_endpoint, torchrun_node_command
 from planner.planfile import ClusterRef, PlanFile, read_plan_file
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
@@ -117,6 +117,13 @@ def lose_node(agent: subprocess.Popen) -> list[int]:
     return pids
 
 
+def agent_env() -> dict[str, str]:
+    """What `meshplan launch` gives an elastic agent: one thread, this checkout on PYTHONPATH,
+    `planner.launch.ELASTIC_ENV`."""
+    return dict(os.environ, OMP_NUM_THREADS="1", **ELASTIC_ENV, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
 def _steps_logged(out: Path) -> int:
     path = out / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
@@ -197,8 +204,7 @@ def test_launch_run_refuses_an_etcd_endpoint_it_cannot_meet_at(server, dp2_plan,
 def test_losing_node_0_continues_on_the_other_node_from_its_checkpoint(dp2_plan, dp1_plan,
                                                                         tmp_path):
     out, ref = tmp_path / "run", tmp_path / "ref"
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = agent_env()
     with etcd_server(tmp_path) as endpoint:
         agents, logs = [], []
         for node in (0, 1):
@@ -257,8 +263,7 @@ def test_losing_the_node_that_serves_a_c10d_rendezvous_ends_the_job(dp2_plan, tm
     # why the elastic launch keeps its rendezvous in etcd: with torchrun's c10d backend the
     # store lives in the agent of the endpoint's host (the first to bind the port)
     out, endpoint = tmp_path / "run", f"127.0.0.1:{_free_port()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = agent_env()
     agents, logs = [], []
     try:
         for node in (0, 1):
@@ -288,3 +293,50 @@ def test_losing_the_node_that_serves_a_c10d_rendezvous_ends_the_job(dp2_plan, tm
                 lose_node(agent)
     assert rc != 0
     assert "RendezvousConnectionError" in logs[1].read_text()
+
+
+@without_etcd
+@without_python_etcd
+@pytest.mark.slow
+def test_a_node_that_joins_a_running_job_grows_it_back_to_the_plan(dp2_plan, dp1_plan, tmp_path):
+    # node 0 alone trains the planner's 1-rank plan; node 1 joins after step 3: the agents stop
+    # the group for a round of 2 (not counted as a restart), and the dp=2 plan continues
+    out, ref, steps = tmp_path / "run", tmp_path / "ref", 4 * STEPS   # node 1 takes a while
+    env = agent_env()
+    with etcd_server(tmp_path) as endpoint:
+        def start(node):
+            cmd = torchrun_node_command(
+                dp2_plan, nodes=2, node_rank=node, rdzv_endpoint=endpoint, steps=steps,
+                out_dir=out, min_nodes=1, rdzv_backend="etcd-v2", rdzv_conf=RDZV_CONF,
+                max_restarts=1, train_args=["--checkpoint-every", "2"])
+            return subprocess.Popen(cmd, env=env, cwd=REPO, stderr=subprocess.STDOUT,
+                                    stdout=(tmp_path / f"node{node}.log").open("w"))
+        agents = [start(0)]
+        try:
+            deadline = time.monotonic() + 180
+            while _steps_logged(out) < 3:
+                assert time.monotonic() < deadline, (tmp_path / "node0.log").read_text()[-2000:]
+                time.sleep(0.05)
+            agents.append(start(1))
+            subprocess.run([sys.executable, "-m", "runtime.train", str(dp1_plan), "--steps",
+                            str(steps), "--out", str(ref)], env=env, cwd=REPO, check=True,
+                           capture_output=True, timeout=240)
+            codes = [a.wait(timeout=240) for a in agents]
+        finally:
+            for agent in agents:
+                if agent.poll() is None:
+                    lose_node(agent)
+    assert codes == [0, 0], (tmp_path / "node0.log").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["plan_id"], summary["world_size"], summary["steps"]) == (
+        read_plan_file(dp2_plan).plan.id, 2, steps)
+    resumed = [json.loads(x) for x in (out / "faults" / "events.jsonl").read_text().splitlines()
+               if '"resumed"' in x]
+    grown_at = resumed[-1]["from_step"]        # the 2-rank group trained the steps after it
+    assert len(resumed) == 2 and 3 <= grown_at < steps and summary["steps_lost"] == 0
+    consumed = (out / "consumed" / "dp1.jsonl").read_text().splitlines()
+    dp1 = [json.loads(line)["step"] for line in consumed]
+    assert dp1 == list(range(grown_at + 1, steps + 1))
+    reference = json.loads((ref / "summary.json").read_text())
+    assert _samples_by_step(out) == _samples_by_step(ref)
+    assert summary["losses"] == pytest.approx(reference["losses"], rel=1e-5)
