@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint clean browser ceph
+.PHONY: demo test lint clean browser ceph etcd
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,17 @@ ceph:
 			|| echo "Ceph could not be installed: tests/runtime/test_object_store_checkpoint.py will skip"; \
 	fi
 
-test: $(STAMP) browser ceph
+# The elastic-launch test starts Debian's etcd-server (the v2 API of torchrun's etcd-v2
+# rendezvous): installed here when missing and apt-get can (as root); otherwise
+# tests/runtime/test_elastic_launch.py skips and says why.
+etcd:
+	@if ! command -v etcd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's etcd-server for the elastic-launch test"; \
+		(apt-get update -qq && apt-get install -y -qq etcd-server >/dev/null) \
+			|| echo "etcd-server could not be installed: tests/runtime/test_elastic_launch.py will skip"; \
+	fi
+
+test: $(STAMP) browser ceph etcd
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

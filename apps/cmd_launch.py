@@ -3,14 +3,20 @@
     meshplan launch plan.yaml --nodes 2 --rdzv-endpoint 10.0.0.1:29500            # every node
     meshplan launch plan.yaml --nodes 2 --node-rank 1 --rdzv-endpoint 10.0.0.1:29500 --run
     meshplan launch plan.yaml --nodes 64 --slurm train.sbatch
+    # elastic: runs on 1 to 2 nodes, the rendezvous in etcd, restarts from checkpoints
+    meshplan launch plan.yaml --nodes 2 --min-nodes 1 --rdzv-backend etcd-v2 \
+        --rdzv-endpoint 10.0.0.9:2379 --max-restarts 3 --checkpoint-every 5
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from apps.format import command_console
@@ -19,10 +25,12 @@ from planner.spec import PlanError
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def launch_env() -> dict[str, str]:
+def launch_env(elastic: bool = False) -> dict[str, str]:
     """The environment a launched agent gets: one OpenMP thread unless set, this checkout first
-    on PYTHONPATH (so ``-m runtime.train`` resolves without an install)."""
-    env = dict(os.environ)
+    on PYTHONPATH (so ``-m runtime.train`` resolves without an install), and for an elastic
+    range `planner.launch.ELASTIC_ENV`."""
+    from planner.launch import ELASTIC_ENV
+    env = dict(os.environ) | (ELASTIC_ENV if elastic else {})
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     return env
@@ -67,9 +75,80 @@ def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> Non
                         f"tp*pp*dp = {world}: use --nodes {need}")
 
 
+def check_etcd_rendezvous(endpoint: str, rdzv_conf: str | None = None) -> None:
+    """Raise `PlanError` when this node cannot meet at torchrun's etcd-v2 rendezvous on
+    ``endpoint`` (``HOST:PORT``, etcd's client port): the python-etcd package is missing, nothing
+    answers, or etcd answers without its v2 API (etcd 3.4 serves ``/v2/keys`` only with
+    ``--enable-v2``; else 404). Otherwise torchrun ends in a traceback of the rendezvous. An
+    https endpoint (``protocol=https`` in ``rdzv_conf``) is not probed: that needs the
+    client certificates torchrun is given."""
+    from planner.launch import parse_endpoint
+    if importlib.util.find_spec("etcd") is None:
+        raise PlanError("--rdzv-backend etcd-v2 needs the python-etcd package on every node: "
+                        "pip install python-etcd==0.4.5")
+    host, port = parse_endpoint(endpoint)
+    if "protocol=https" in (rdzv_conf or ""):
+        return
+    url = f"http://{host}:{port}/v2/keys"
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+    except urllib.error.HTTPError as exc:
+        hint = ("start etcd with --enable-v2" if exc.code == 404 else "check the server's log")
+        raise PlanError(f"--rdzv-endpoint {endpoint}: etcd answers {exc.code} for {url}, the "
+                        f"v2 API torchrun's etcd-v2 rendezvous uses; {hint}") from None
+    except OSError as exc:
+        raise PlanError(f"--rdzv-endpoint {endpoint}: no etcd answers there "
+                        f"({getattr(exc, 'reason', exc)}); start one on a host every node "
+                        "reaches (etcd --enable-v2 --listen-client-urls http://0.0.0.0:2379 "
+                        "--advertise-client-urls http://HOST:2379) or fix the endpoint") from None
+
+
+def elastic_train_args(args: argparse.Namespace) -> list[str]:
+    """The `runtime.train` checkpoint flags of a launch, checked by `TrainConfig` (its
+    `PlanError` names the flag); an elastic range (``--min-nodes`` below ``--nodes``) needs
+    ``--max-restarts`` >= 1 and ``--checkpoint-every`` >= 1, or losing a node ends the job or
+    restarts it from step 0, and a plan on every world size of the range
+    (`runtime.evict.plan_for_world`)."""
+    from planner.planfile import read_plan_file
+    from runtime.config import TrainConfig
+    from runtime.evict import plan_for_world
+    from runtime.faults import fault_cli_args
+    TrainConfig(plan_path=args.plan, out_dir=args.out or "runs", steps=args.steps,
+                checkpoint_every=args.checkpoint_every, keep=args.keep,
+                checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                timeout_s=args.timeout_s)
+    if args.max_restarts < 0:
+        raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
+    min_nodes = args.nodes if args.min_nodes is None else args.min_nodes
+    if not 1 <= min_nodes <= args.nodes:
+        raise PlanError(f"--min-nodes={min_nodes} must be in 1..--nodes={args.nodes}")
+    if min_nodes < args.nodes:
+        if args.max_restarts < 1 or args.checkpoint_every < 1:
+            raise PlanError(f"--min-nodes={min_nodes} < --nodes={args.nodes} is an elastic "
+                            f"launch: it needs --max-restarts >= 1 (now {args.max_restarts}) "
+                            f"and --checkpoint-every >= 1 (now {args.checkpoint_every}) to "
+                            "continue after a node is lost; e.g. --max-restarts 3 "
+                            "--checkpoint-every 5")
+        pf = read_plan_file(args.plan)
+        per_node = pf.plan.world_size // args.nodes
+        for nodes in range(min_nodes, args.nodes):
+            plan_for_world(pf, nodes * per_node)
+    flags = fault_cli_args(checkpoint_every=args.checkpoint_every, keep=args.keep,
+                           resume=args.resume, timeout_s=args.timeout_s)
+    if args.checkpoint_dir:
+        flags += ["--checkpoint-dir", args.checkpoint_dir]
+    return flags
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """Print (default) or ``--run`` the torchrun command(s); ``--slurm`` writes a batch script."""
-    from planner.launch import parse_endpoint, sbatch_script, shell_line, torchrun_node_command
+    from planner.launch import (
+        ELASTIC_ENV,
+        parse_endpoint,
+        sbatch_script,
+        shell_line,
+        torchrun_node_command,
+    )
     console = command_console(args)
     for flag, value in (("--nodes", args.nodes), ("--steps", args.steps)):
         if value is not None and value < 1:
@@ -77,12 +156,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
     check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
+    train_args = elastic_train_args(args)
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
+        etcd = args.rdzv_backend == "etcd-v2"
         script = sbatch_script(args.plan, nodes=args.nodes, port=port, steps=args.steps,
                                out_dir=args.out, data=args.data, time_limit=args.time,
-                               partition=args.partition)
+                               partition=args.partition, min_nodes=args.min_nodes,
+                               rdzv_backend=args.rdzv_backend,
+                               rdzv_endpoint=args.rdzv_endpoint if etcd else None,
+                               rdzv_conf=args.rdzv_conf,
+                               max_restarts=args.max_restarts or None, train_args=train_args)
         Path(args.slurm).write_text(script, encoding="utf-8")
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)
@@ -95,28 +180,39 @@ def cmd_launch(args: argparse.Namespace) -> int:
     ranks = [args.node_rank] if args.node_rank is not None else list(range(args.nodes))
     if args.run and args.node_rank is None:
         raise PlanError("--run starts one node's agent; give --node-rank R")
+    if args.run and args.rdzv_backend == "etcd-v2":
+        check_etcd_rendezvous(args.rdzv_endpoint, args.rdzv_conf)
     commands = [torchrun_node_command(args.plan, nodes=args.nodes, node_rank=r,
                                       rdzv_endpoint=args.rdzv_endpoint, steps=args.steps,
                                       out_dir=args.out, data=args.data, rdzv_id=args.rdzv_id,
+                                      min_nodes=args.min_nodes, rdzv_backend=args.rdzv_backend,
+                                      rdzv_conf=args.rdzv_conf,
+                                      max_restarts=args.max_restarts or None,
+                                      train_args=train_args,
                                       # Printed lines run on other nodes: name the launcher
                                       # portably; --run starts it here with this interpreter.
                                       launcher=None if args.run else ["torchrun"])
                 for r in ranks]
-    out["commands"] = [{"node_rank": r, "argv": c, "line": shell_line(c)}
+    elastic = "--elastic" in commands[0]
+    agent_vars = {"OMP_NUM_THREADS": "1"} | (ELASTIC_ENV if elastic else {})
+    out["commands"] = [{"node_rank": r, "argv": c, "env": agent_vars,
+                        "line": shell_line(c, agent_vars)}
                        for r, c in zip(ranks, commands, strict=True)]
     if args.json:
         print(json.dumps(out))
     elif not args.run:
         for r, c in zip(ranks, commands, strict=True):
             console.print(f"# node {r} of {args.nodes}", highlight=False)
-            print(shell_line(c, {"OMP_NUM_THREADS": "1"}), flush=True)
+            print(shell_line(c, agent_vars), flush=True)
     if args.run:
-        return subprocess.run(commands[0], env=launch_env(), check=False).returncode
+        return subprocess.run(commands[0], env=launch_env(elastic), check=False).returncode
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `launch` on the CLI's subparsers."""
+    from planner.launch import RDZV_BACKENDS
+    from runtime.faults import add_checkpoint_args
     sl = sub.add_parser("launch", help="print or run torchrun per node, or write an sbatch "
                         "script, for a plan file")
     sl.add_argument("plan", help="plan file (YAML), readable at the same path on every node")
@@ -125,8 +221,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sl.add_argument("--node-rank", type=int, help="this node (default: print every node)")
     sl.add_argument("--nproc-per-node", type=int, help="workers per node, checked against "
                     "the plan (world / nodes) and the node's GPUs (default: world / nodes)")
-    sl.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (node 0)")
+    sl.add_argument("--min-nodes", type=int, help="fewest nodes the job runs on (default "
+                    "--nodes); below --nodes the launch is elastic (torchrun --nnodes MIN:MAX): "
+                    "after a lost node the rest re-plan and continue from the checkpoint")
+    sl.add_argument("--rdzv-backend", choices=RDZV_BACKENDS, default="c10d",
+                    help="c10d: the rendezvous lives on node 0 and ends with it; etcd-v2: in "
+                         "an etcd server (etcd --enable-v2; pip install python-etcd) that "
+                         "outlives any node (default c10d)")
+    sl.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous: node 0 (c10d) or "
+                    "the etcd server (etcd-v2, port 2379 by default)")
     sl.add_argument("--rdzv-id", help="job id shared by the nodes (default: the plan id)")
+    sl.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf, e.g. "
+                    "last_call_timeout=10,keep_alive_interval=2")
+    sl.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                    help="torchrun restarts after a failure or a lost node (default 0)")
+    add_checkpoint_args(sl)
+    sl.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                    help="collective timeout in seconds: a hung rank becomes an error")
     sl.add_argument("--steps", type=int, default=10)
     sl.add_argument("--out", help="run folder (default runs/<plan id>)")
     sl.add_argument("--data", help="text file to train on")

@@ -3,9 +3,16 @@ node of a multi-node job (`torchrun_node_command`), and a Slurm batch script.
 
 One machine: torchrun's static rendezvous on 127.0.0.1 (``--master-addr`` / ``--master-port``),
 which `runtime.launch.run_plan` runs. Several nodes: every node runs one torchrun agent with
-``world_size / nodes`` workers; the agents meet at a c10d rendezvous (``--rdzv-backend c10d
---rdzv-endpoint HOST:PORT``), which hosts the store the workers of `runtime.train` share. The
-same plan file must be readable on every node.
+``world_size / nodes`` workers; the agents meet at a rendezvous, which hands the workers of
+`runtime.train` the store they share. The same plan file must be readable on every node.
+
+Rendezvous backends (`RDZV_BACKENDS`): ``c10d`` keeps the rendezvous in a TCP store that the
+agent of the endpoint's host serves, so the job ends when that node goes. ``etcd-v2`` keeps it in
+an etcd server (v2 API: ``etcd --enable-v2``; the agents need the ``python-etcd`` package), a
+service that outlives any one node. With an elastic node range (``min_nodes`` < ``nodes``:
+``--nnodes MIN:MAX``) and ``--max-restarts``, the agents that remain after a node is lost meet
+again and the workers continue from the job's checkpoint on the plan the planner picks for the
+ranks left (``runtime.train --elastic``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,14 @@ from planner.spec import PlanError
 
 #: The module every worker runs.
 TRAIN_MODULE = "runtime.train"
+#: torchrun rendezvous backends a multi-node launch may use (module docstring).
+RDZV_BACKENDS = ("c10d", "etcd-v2")
+#: Environment of every agent of an elastic launch. By default the rank-0 agent of the first
+#: round keeps serving the workers' store in later rounds and publishes its address once; a
+#: node that joins a running job waits for that address forever (measured on torch 2.13 with
+#: etcd-v2: both agents stalled in the rendezvous of the larger round). With the opt-out,
+#: every round's rank 0 publishes a fresh store, which the workers' rank 0 serves.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def procs_per_node(world_size: int, nodes: int) -> int:
@@ -59,13 +74,15 @@ def torchrun_command(plan_path: str | Path, *, nproc_per_node: int | str, steps:
                      master_port: int | None = None, nnodes: int | str = 1,
                      node_rank: int | str | None = None, rdzv_endpoint: str | None = None,
                      rdzv_id: str | None = None, max_restarts: int | None = None,
+                     rdzv_backend: str = "c10d", rdzv_conf: str | None = None,
                      launcher: list[str] | None = None,
                      train_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The torchrun command line that trains ``plan_path`` with `runtime.train` (no checks).
 
     One machine (``rdzv_endpoint`` None): ``--nproc-per-node N --master-addr 127.0.0.1
     --master-port P``. Several nodes: ``--nnodes N --node-rank R --nproc-per-node N
-    --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID``. Then ``--max-restarts``
+    --rdzv-backend B --rdzv-endpoint HOST:PORT --rdzv-id ID [--rdzv-conf K=V,...]`` (``nnodes``
+    may be an elastic range ``"MIN:MAX"``). Then ``--max-restarts``
     (when given), ``-m runtime.train PLAN --steps S --out DIR [--data FILE]`` and
     ``train_args`` (more `runtime.train` flags). Values may be shell variables (``"$SLURM_NODEID"``)
     for a script.
@@ -85,8 +102,10 @@ def torchrun_command(plan_path: str | Path, *, nproc_per_node: int | str, steps:
                 "--master-port", str(master_port)]
     else:
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
-                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", rdzv_backend,
                 "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", str(rdzv_id)]
+        if rdzv_conf:
+            cmd += ["--rdzv-conf", rdzv_conf]
     if max_restarts is not None:
         cmd += ["--max-restarts", str(max_restarts)]
     cmd += ["-m", TRAIN_MODULE, str(plan_path), "--steps", str(steps), "--out", str(out_dir)]
@@ -98,54 +117,94 @@ def torchrun_command(plan_path: str | Path, *, nproc_per_node: int | str, steps:
 def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
                           rdzv_endpoint: str, steps: int = 10, out_dir: str | Path | None = None,
                           data: str | Path | None = None, rdzv_id: str | None = None,
+                          min_nodes: int | None = None, rdzv_backend: str = "c10d",
+                          rdzv_conf: str | None = None, max_restarts: int | None = None,
+                          train_args: list[str] | tuple[str, ...] = (),
                           launcher: list[str] | None = None) -> list[str]:
     """The torchrun command line of node ``node_rank`` of ``nodes``.
 
     Args:
         plan_path: the plan file (the same path must exist on every node).
-        rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (node 0's address, typically).
+        rdzv_endpoint: ``HOST:PORT`` of the rendezvous: node 0's address for ``c10d``, the
+            etcd server's (client port, 2379 by default) for ``etcd-v2``.
         out_dir: run folder written by global rank 0 (default ``runs/<plan id>``).
         rdzv_id: job id shared by all nodes (default: the plan id).
+        min_nodes: fewest nodes the job runs on (None: ``nodes``). Below ``nodes`` the launch
+            is elastic: ``--nnodes MIN:MAX`` and ``runtime.train --elastic``.
+        rdzv_backend: one of `RDZV_BACKENDS`; rdzv_conf: torchrun's ``--rdzv-conf``
+            (``K=V,...``, e.g. ``last_call_timeout=10``).
+        max_restarts: torchrun ``--max-restarts`` (None: torchrun's default, 0).
+        train_args: more `runtime.train` flags (`runtime.faults.fault_cli_args`).
         launcher: the torchrun executable as a list (default ``python -m torch.distributed.run``
             with this interpreter).
     Raises:
         PlanError: the plan file is invalid, nodes does not divide its world size, node_rank
-            is outside [0, nodes), or the endpoint is malformed.
+            is outside [0, nodes), min_nodes outside [1, nodes], an unknown backend, or a
+            malformed endpoint.
     """
     pf = read_plan_file(plan_path)
     nproc = procs_per_node(pf.plan.world_size, nodes)
     if not 0 <= node_rank < nodes:
         raise PlanError(f"node_rank={node_rank} must be in [0, nodes={nodes})")
+    min_nodes = nodes if min_nodes is None else min_nodes
+    if not 1 <= min_nodes <= nodes:
+        raise PlanError(f"min_nodes={min_nodes} must be in [1, nodes={nodes}]")
+    if rdzv_backend not in RDZV_BACKENDS:
+        raise PlanError(f"rdzv_backend={rdzv_backend!r} is not one of {list(RDZV_BACKENDS)}")
     parse_endpoint(rdzv_endpoint)
     out = str(out_dir) if out_dir is not None else str(Path("runs") / pf.plan.id)
+    elastic = min_nodes < nodes
     return torchrun_command(plan_path, nproc_per_node=nproc, steps=steps, out_dir=out,
-                            data=data, nnodes=nodes, node_rank=node_rank,
-                            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or pf.plan.id,
-                            launcher=launcher)
+                            data=data, nnodes=f"{min_nodes}:{nodes}" if elastic else nodes,
+                            node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                            rdzv_id=rdzv_id or pf.plan.id, max_restarts=max_restarts,
+                            rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, launcher=launcher,
+                            train_args=list(train_args) + (["--elastic"] if elastic else []))
 
 
 def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps: int = 10,
                   out_dir: str | Path | None = None, data: str | Path | None = None,
                   job_name: str | None = None, time_limit: str = "01:00:00",
-                  partition: str | None = None) -> str:
+                  partition: str | None = None, min_nodes: int | None = None,
+                  rdzv_backend: str = "c10d", rdzv_endpoint: str | None = None,
+                  rdzv_conf: str | None = None, max_restarts: int | None = None,
+                  train_args: list[str] | tuple[str, ...] = ()) -> str:
     """A Slurm batch script that trains ``plan_path`` on ``nodes`` nodes.
 
     One task per node runs torchrun with ``world_size / nodes`` workers (and as many GPUs);
-    the first node of the allocation hosts the c10d rendezvous on ``port``.
+    the first node of the allocation hosts the c10d rendezvous on ``port``, or, with
+    ``rdzv_backend="etcd-v2"``, the agents meet at the etcd server ``rdzv_endpoint``. With
+    ``min_nodes`` below ``nodes`` the range is elastic (`torchrun_node_command`) and srun
+    gets ``--no-kill``: srun(1), "Do not automatically terminate a job if one of the nodes it
+    has been allocated fails".
 
     Raises:
-        PlanError: as `torchrun_node_command`.
+        PlanError: as `torchrun_node_command`; etcd-v2 without ``rdzv_endpoint``.
     """
     pf = read_plan_file(plan_path)
     gpus = procs_per_node(pf.plan.world_size, nodes)
     if not 0 < port < 65536:
         raise PlanError(f"port={port} must be in 1..65535")
+    min_nodes = nodes if min_nodes is None else min_nodes
+    if not 1 <= min_nodes <= nodes:
+        raise PlanError(f"min_nodes={min_nodes} must be in [1, nodes={nodes}]")
+    if rdzv_backend not in RDZV_BACKENDS:
+        raise PlanError(f"rdzv_backend={rdzv_backend!r} is not one of {list(RDZV_BACKENDS)}")
+    if rdzv_backend == "etcd-v2" and rdzv_endpoint is None:
+        raise PlanError("rdzv_backend='etcd-v2' needs rdzv_endpoint, the etcd server's "
+                        "HOST:PORT (it runs outside the allocation's nodes)")
+    if rdzv_endpoint is not None:
+        parse_endpoint(rdzv_endpoint)
+    elastic = min_nodes < nodes
     plan_id = pf.plan.id
     out = str(out_dir) if out_dir is not None else f"runs/{plan_id}"
     torchrun = shell_line(torchrun_command(
         plan_path, nproc_per_node=gpus, steps=steps, out_dir=out, data=data,
-        nnodes="$SLURM_NNODES", node_rank="$SLURM_NODEID", rdzv_endpoint="$RDZV_HOST:$RDZV_PORT",
-        rdzv_id="$SLURM_JOB_ID", launcher=["torchrun"]))
+        nnodes=f"{min_nodes}:{nodes}" if elastic else "$SLURM_NNODES",
+        node_rank="$SLURM_NODEID", rdzv_endpoint=rdzv_endpoint or "$RDZV_HOST:$RDZV_PORT",
+        rdzv_id="$SLURM_JOB_ID", rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
+        max_restarts=max_restarts, launcher=["torchrun"],
+        train_args=list(train_args) + (["--elastic"] if elastic else [])))
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={job_name or plan_id}",
              f"#SBATCH --nodes={nodes}",
@@ -162,8 +221,10 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
         'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export RDZV_PORT={port}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        *(f"export {k}={v}" for k, v in (ELASTIC_ENV if elastic else {}).items()),
         "# single-quoted: each task expands its own $SLURM_NODEID",
-        "srun bash -c " + shlex.quote(f"exec {torchrun}"),
+        ("srun --no-kill bash -c " if elastic else "srun bash -c ")
+        + shlex.quote(f"exec {torchrun}"),
         ""]
     return "\n".join(lines)
 

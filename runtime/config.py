@@ -46,6 +46,10 @@ class TrainConfig:
             (`runtime.health`).
         on_straggler: a confirmed straggler is logged ("warn") or evicted ("evict": the
             run checkpoints and stops so that `meshplan run` re-plans without it).
+        elastic: the launch is elastic (``torchrun --nnodes MIN:MAX``): a world size other
+            than the plan's trains the planner's best plan on the ranks that joined
+            (`runtime.evict.plan_for_world`), and a start that finds the job's checkpoints
+            continues from them.
 
     Raises:
         PlanError: a field is out of range; the message names the flag, the value and the
@@ -73,6 +77,7 @@ class TrainConfig:
     straggler_threshold: float = STRAGGLER_THRESHOLD
     straggler_window: int = STRAGGLER_WINDOW
     on_straggler: Literal["warn", "evict"] = "warn"
+    elastic: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:

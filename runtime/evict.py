@@ -39,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from planner.planfile import PlanFile, read_plan_file, write_plan_file
+from planner.planfile import ClusterRef, PlanFile, read_plan_file, write_plan_file
 from planner.spec import PlanError
 from runtime.faults import parse_faults
 
@@ -134,35 +134,84 @@ def remap_faults(specs: list[str], kept: list[int | None]) -> list[str]:
     return out
 
 
+def cluster_at(ref: ClusterRef, world: int, plan_world: int):
+    """``ref``'s cluster with ``world`` devices, and its plan-file block, or None when the
+    world does not fill whole nodes: a localhost cluster of ``world`` ranks (whose cores are
+    shared, so each world size is a different cluster), or ``world`` / (devices per node) nodes
+    of a GPU cluster, its devices per node being ``plan_world`` / ``ref.nodes``."""
+    from simulator.network.cluster import cluster_from_spec, load_cluster
+
+    def load(**size):
+        if ref.spec is not None:                   # the cluster file embedded in the plan file
+            return cluster_from_spec(ref.name, ref.spec, cpu_profile=ref.cpu_profile, **size)
+        return load_cluster(ref.path or ref.name, cpu_profile=ref.cpu_profile, **size)
+    if ref.is_localhost:
+        return load(ranks=world), replace(ref, ranks=world)
+    per_node = max(1, plan_world // ref.nodes)
+    if world % per_node:
+        return None
+    return load(nodes=world // per_node), replace(ref, nodes=world // per_node)
+
+
+def best_plan_at(pf: PlanFile, world: int) -> tuple[PlanFile, float] | None:
+    """The fastest predicted plan file of ``pf``'s model and global batch on exactly
+    ``world`` devices of ``pf``'s cluster (`cluster_at`), and its predicted step time (s);
+    None when no plan is legal there (`planner.search.search`)."""
+    # imported here: the ranks import this module for the wait (next_layout), not the planner
+    from planner.search import search
+    from planner.space import SearchSpace
+
+    found = cluster_at(pf.cluster, world, pf.plan.world_size)
+    if found is None:
+        return None
+    cluster, ref = found
+    result = search(pf.model, cluster, global_batch=pf.plan.global_batch, num_devices=world,
+                    dtype=pf.plan.dtype, space=SearchSpace(cp=(1,)), top_k=3, explain=False)
+    if result.ranked.empty:
+        return None
+    plan = result.plans[result.ranked.iloc[0]["id"]]
+    pred = result.predictions[plan.id]
+    return (PlanFile(model=pf.model, plan=plan, prediction=pred.to_dict(), cluster=ref),
+            pred.step_time_s)
+
+
 def best_plan_on(pf: PlanFile, max_world: int) -> tuple[PlanFile, float]:
     """The fastest predicted plan file of ``pf``'s model and global batch on at most
-    ``max_world`` ranks of ``pf``'s localhost cluster, and its predicted step time (s).
+    ``max_world`` ranks of ``pf``'s localhost cluster (`best_plan_at` on each world size),
+    and its predicted step time (s).
 
     Raises:
         PlanError: no legal plan on any world size up to ``max_world``.
     """
-    # imported here: the ranks import this module for the wait (next_layout), not the planner
-    from planner.search import search
-    from planner.space import SearchSpace
-    from simulator.network.cluster import load_cluster
     best = None
-    ref = pf.cluster
     for world in range(max_world, 0, -1):
-        cluster = load_cluster(ref.path or ref.name, ranks=world, cpu_profile=ref.cpu_profile)
-        result = search(pf.model, cluster, global_batch=pf.plan.global_batch, num_devices=world,
-                        dtype=pf.plan.dtype, space=SearchSpace(cp=(1,)), top_k=3,
-                        explain=False)
-        if result.ranked.empty:
-            continue
-        plan = result.plans[result.ranked.iloc[0]["id"]]
-        pred = result.predictions[plan.id]
-        if best is None or pred.step_time_s < best[1]:
-            best = (PlanFile(model=pf.model, plan=plan, prediction=pred.to_dict(),
-                             cluster=replace(ref, ranks=world)), pred.step_time_s)
+        found = best_plan_at(pf, world)
+        if found is not None and (best is None or found[1] < best[1]):
+            best = found
     if best is None:
         raise PlanError(f"no legal plan of {pf.model.name} with global_batch="
                         f"{pf.plan.global_batch} on 1 to {max_world} ranks")
     return best
+
+
+def plan_for_world(pf: PlanFile, world: int) -> PlanFile:
+    """The plan file an elastic launch (``torchrun --nnodes MIN:MAX``) trains when ``world``
+    ranks joined: ``pf`` itself when its world size is ``world``, else the planner's best plan
+    of the same model and global batch on exactly ``world`` ranks (`best_plan_at`); the
+    global batch stays, so the data position continues on the new layout.
+
+    Raises:
+        PlanError: no legal plan on ``world`` ranks (the message names the world size).
+    """
+    if world == pf.plan.world_size:
+        return pf
+    found = best_plan_at(pf, world)
+    if found is None:
+        raise PlanError(f"no plan of {pf.model.name} with global_batch="
+                        f"{pf.plan.global_batch} runs on {world} devices, and an elastic "
+                        "launch (--nnodes MIN:MAX) needs one on every node count of its "
+                        "range: raise --min-nodes")
+    return found[0]
 
 
 def straggler_step_s(pf: PlanFile, seen: list[dict]) -> float:

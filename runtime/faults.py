@@ -52,20 +52,7 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     """The fault-tolerance flags, shared by ``runtime.train`` and ``meshplan run``
     (``launcher=True``: adds ``--max-restarts`` and leaves out the measurement flag
     ``--sync-checkpoint``)."""
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
-                             "steps into OUT/checkpoints (default 0: none)")
-    parser.add_argument("--keep", type=int, default=2, metavar="N",
-                        help="newest checkpoints kept (default 2)")
-    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                        help="where checkpoints go: a folder or an object-store URL "
-                             "s3://bucket/prefix (credentials and endpoint from "
-                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL; "
-                             "default: OUT/checkpoints)")
-    parser.add_argument("--resume", default=None, metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR (a checkpoint "
-                             "folder or s3://bucket/prefix, or a run folder: its "
-                             "checkpoints/)")
+    add_checkpoint_args(parser)
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault (repeatable): kill:rank=R,step=S, "
                              "hang:rank=R,step=S, slow:rank=R,factor=F, "
@@ -88,6 +75,26 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     else:
         parser.add_argument("--sync-checkpoint", action="store_true",
                             help="blocking dcp.save instead of async_save (for measurements)")
+
+
+def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint-every``, ``--keep``, ``--checkpoint-dir`` and ``--resume``: shared by
+    ``runtime.train``, ``meshplan run`` and ``meshplan launch``."""
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="asynchronous checkpoint (torch.distributed.checkpoint) every K "
+                             "steps into OUT/checkpoints (default 0: none)")
+    parser.add_argument("--keep", type=int, default=2, metavar="N",
+                        help="newest checkpoints kept (default 2)")
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="where checkpoints go: a folder or an object-store URL "
+                             "s3://bucket/prefix (credentials and endpoint from "
+                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL; "
+                             "default: OUT/checkpoints)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="start from the newest valid checkpoint in DIR (a checkpoint "
+                             "folder or s3://bucket/prefix, or a run folder: its "
+                             "checkpoints/)")
+
 
 def add_straggler_args(parser: argparse.ArgumentParser) -> None:
     """``--straggler-threshold``, ``--straggler-window``, ``--on-straggler`` (`runtime.health`)."""

@@ -219,9 +219,12 @@ class Resilience:
             mesh["pp"].get_local_rank() == 0 and cp_rank(mesh) == 0
         self.ckpt_dir = checkpoint_location(config.checkpoint_dir or self.out / "checkpoints")
         self.events = self.out / "faults" / "events.jsonl"
-        # a resume into the run folder that wrote the checkpoint continues that job's records
-        self.continues_job = config.resume is not None and \
-            _same_location(config.resume, self.ckpt_dir)
+        # a resume into the run folder that wrote the checkpoint continues that job's records;
+        # so does an elastic start that finds the job's checkpoints: torchrun restarts a group
+        # whose membership changed (a node joined) without counting a restart
+        self.continues_job = (config.resume is not None and
+                              _same_location(config.resume, self.ckpt_dir)) or \
+            (config.elastic and bool(list_checkpoints(self.ckpt_dir)))
         self.attempt = 0              # the job's attempt number, across launches (rank 0)
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -311,7 +314,7 @@ class Resilience:
             caller appends its new records to that list.
         """
         source = None
-        if self.restart > 0 and list_checkpoints(self.ckpt_dir):
+        if (self.restart > 0 or self.config.elastic) and list_checkpoints(self.ckpt_dir):
             source = self.ckpt_dir
         elif self.config.resume is not None:
             source = checkpoint_location(self.config.resume)
@@ -329,6 +332,11 @@ class Resilience:
         self._trim("metrics.jsonl", kept, rank0=True)
         if self.writes_consumed:
             self._trim(f"consumed/dp{self.dp_rank}.jsonl", kept)
+        # DP ranks of an earlier, wider layout (an elastic job that lost a node) keep the
+        # steps up to the checkpoint only: the steps after it are trained again by this one
+        for path in sorted((self.out / "consumed").glob("dp*.jsonl")) if self.rank == 0 else []:
+            if int(path.stem.removeprefix("dp")) >= self.dp:
+                self._trim(f"consumed/{path.name}", kept)
         if self.rank == 0:
             path = self.out / "metrics.jsonl"
             self.records = [json.loads(x) for x in path.read_text().splitlines() if x]

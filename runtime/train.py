@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from planner.planfile import PlanFile, check_runnable, read_plan_file
+from planner.planfile import PlanFile, check_runnable, read_plan_file, write_plan_file
 from planner.precision import storage_dtype
 from planner.spec import V_SCHEDULES, PlanError, check_plan
 from runtime.config import TrainConfig
@@ -126,15 +126,20 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--ep", type=int, default=None,
                         help="expert parallel degree of an MoE model (default: the plan's)")
     add_fault_args(parser)      # --checkpoint-every, --resume, --inject, ... (runtime.faults)
+    parser.add_argument("--elastic", action="store_true",
+                        help="an elastic launch (torchrun --nnodes MIN:MAX): train the "
+                             "planner's best plan on the ranks that joined, and continue "
+                             "from the job's checkpoints")
     return TrainConfig.from_args(parser.parse_args(argv))
 
 
 def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Create the default process group; returns (rank, world_size).
 
-    Under torchrun the store is torchrun's agent store, namespaced per restart attempt: without
-    the prefix, restarted gloo workers hang or fail in connectFullMesh in most runs (measured on
-    torch 2.13 with gloo: 11 of 14 first restarts). Outside torchrun: one process, a HashStore.
+    Under torchrun the store is torchrun's agent store, namespaced per restart attempt (and
+    world size, for an elastic group): without the prefix, restarted gloo workers hang or fail
+    in connectFullMesh in most runs (measured on torch 2.13 with gloo: 11 of 14 first
+    restarts). Outside torchrun: one process, a HashStore.
     """
     timeout = timedelta(seconds=DIST_TIMEOUT_S if timeout_s is None else timeout_s)
     if "RANK" not in os.environ:
@@ -149,9 +154,11 @@ def init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int,
                          is_master=(rank == 0 and not agent_store),
                          timeout=max(timeout, timedelta(seconds=DIST_TIMEOUT_S)))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    # a group that shrank in place after an eviction rendezvouses afresh (runtime.evict)
+    # an elastic group whose membership changed restarts with the same count, in a larger or
+    # smaller world, and a group that shrank in place after an eviction rendezvouses afresh
+    # (runtime.evict): the world size and the layout keep their keys apart too
     layout = os.environ.get("MESHPLAN_LAYOUT", "0")
-    store = dist.PrefixStore(f"attempt{attempt}/layout{layout}/", base)
+    store = dist.PrefixStore(f"attempt{attempt}-world{world}/layout{layout}/", base)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return rank, world
 
@@ -173,6 +180,10 @@ def check_inputs(config: TrainConfig) -> tuple[PlanFile, torch.Tensor]:
     model, plan = pf.model, pf.plan
     check_runnable(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if config.elastic and world != plan.world_size:
+        from runtime.evict import plan_for_world
+        pf = plan_for_world(pf, world)           # the same on every rank: a pure search
+        model, plan = pf.model, pf.plan
     if world != plan.world_size:
         raise PlanError(f"plan {plan.id} needs world_size {plan.degrees}, but {world} "
                         f"process(es) were started; "
@@ -395,7 +406,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor, *,
                                 build_started_unix_s=build_started_unix_s)
         step_fn = resilience.wrap(step_fn)
         first_step, records = resilience.resume()    # a restart continues from its checkpoint
-        notes = plan_notes(pf, backend)
+        notes = plan_notes(pf, backend) + elastic_notes(config, pf)
         if rank == 0:
             for note in notes:
                 print(f"note: {note}", flush=True)
@@ -441,7 +452,7 @@ def train(config: TrainConfig, pf: PlanFile, tokens: torch.Tensor, *,
             save_full_parameters(modules, config.save_params, skip=skip)
         if rank == 0:
             _write_summary(out, summarize(records, pf, backend, notes, _run_dtype(pf, backend))
-                           | resilience.summary_fields() | {"ep": ep}, config.plan_path)
+                           | resilience.summary_fields() | {"ep": ep}, config.plan_path, pf)
         # leave together: a gloo process group torn down while a peer still receives (rank 0's
         # gather and writes above) aborted with "terminate called without an active exception"
         dist.barrier()
@@ -474,13 +485,31 @@ def _log_step(out: Path, record: dict) -> None:
     print(format_step(record), flush=True)
 
 
-def _write_summary(out: Path, summary: dict, plan_path: str) -> None:
+def elastic_notes(config: TrainConfig, pf: PlanFile) -> list[str]:
+    """The line that says an elastic launch trains another plan than the one it was given
+    (`check_inputs`: the ranks that joined are not the plan's world size), or []."""
+    if not config.elastic:
+        return []
+    launched = read_plan_file(config.plan_path).plan
+    if launched.world_size == pf.plan.world_size:
+        return []
+    predicted = (pf.prediction or {}).get("step_time_s")
+    return [f"elastic: {pf.plan.world_size} rank(s) joined and plan {launched.id} needs "
+            f"{launched.world_size}: training {pf.plan.id}, the planner's best on "
+            f"{pf.plan.world_size} rank(s)"
+            + (f" (predicted {predicted:.3f} s/step)" if predicted else "")]
+
+
+def _write_summary(out: Path, summary: dict, plan_path: str, pf: PlanFile | None = None) -> None:
     # Every run is a data point: (predicted − measured) / measured step time of its plan file.
     predicted = (summary.get("prediction") or {}).get("step_time_s")
     summary["prediction_error"] = (None if not predicted else
                                    (predicted - summary["step_time_s"]) / summary["step_time_s"])
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if Path(plan_path).resolve() != (out / "plan.yaml").resolve():
+    # OUT/plan.yaml is the plan trained: the launched one, or an elastic launch's re-plan
+    if pf is not None and read_plan_file(plan_path).plan.world_size != pf.plan.world_size:
+        write_plan_file(out / "plan.yaml", pf)
+    elif Path(plan_path).resolve() != (out / "plan.yaml").resolve():
         shutil.copyfile(plan_path, out / "plan.yaml")
 
 

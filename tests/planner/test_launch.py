@@ -127,3 +127,66 @@ def test_launch_cli_prints_every_node_and_writes_sbatch(dp2_plan, tmp_path):
                           "3", "--rdzv-endpoint", "h:1"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "does not split over nodes=3" in bad.stderr
+
+
+def test_an_elastic_line_has_the_node_range_the_etcd_rendezvous_and_the_checkpoints(dp2_plan):
+    cmd = torchrun_node_command(dp2_plan, nodes=2, node_rank=1, rdzv_endpoint="10.0.0.9:2379",
+                                steps=20, out_dir="runs/x", min_nodes=1, rdzv_backend="etcd-v2",
+                                rdzv_conf="last_call_timeout=10", max_restarts=3,
+                                train_args=["--checkpoint-every", "5"], launcher=["torchrun"])
+    assert cmd == ["torchrun", "--nnodes", "1:2", "--node-rank", "1", "--nproc-per-node", "1",
+                   "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "10.0.0.9:2379",
+                   "--rdzv-id", "tp1-pp1-dp2-mb2-gb4", "--rdzv-conf", "last_call_timeout=10",
+                   "--max-restarts", "3", "-m", "runtime.train", str(dp2_plan), "--steps", "20",
+                   "--out", "runs/x", "--checkpoint-every", "5", "--elastic"]
+    fixed = torchrun_node_command(dp2_plan, nodes=2, node_rank=0, rdzv_endpoint="h:1")
+    assert fixed[fixed.index("--nnodes") + 1] == "2" and "--elastic" not in fixed
+    with pytest.raises(PlanError, match=r"min_nodes=3 must be in \[1, nodes=2\]"):
+        torchrun_node_command(dp2_plan, nodes=2, node_rank=0, rdzv_endpoint="h:1", min_nodes=3)
+    with pytest.raises(PlanError, match=r"rdzv_backend='zk' is not one of \['c10d', 'etcd-v2'\]"):
+        torchrun_node_command(dp2_plan, nodes=2, node_rank=0, rdzv_endpoint="h:1",
+                              rdzv_backend="zk")
+
+
+def _launch(capsys, *args: str) -> tuple[int, str, str]:
+    """``meshplan launch ARGS`` in this process: (exit code, stdout, stderr on one line)."""
+    from apps.cli import main
+    code = main(["launch", *args])
+    out, err = capsys.readouterr()
+    return code, out, " ".join(err.split())        # the console wraps long lines
+
+
+def test_launch_cli_prints_elastic_lines_and_refuses_a_range_that_cannot_restart(dp2_plan,
+                                                                                  capsys):
+    common = [str(dp2_plan), "--nodes", "2", "--min-nodes", "1", "--rdzv-backend", "etcd-v2",
+              "--rdzv-endpoint", "10.0.0.9:2379"]
+    code, out, err = _launch(capsys, *common, "--max-restarts", "3", "--checkpoint-every", "5",
+                             "--keep", "3", "--timeout-s", "60", "--json")
+    assert code == 0, err
+    line = json.loads(out)["commands"][0]["line"]
+    # every round's rank 0 serves a fresh store: a node that joins later finds it
+    assert line.startswith("OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")
+    for part in ("--nnodes 1:2", "--rdzv-backend etcd-v2", "--max-restarts 3",
+                 "--checkpoint-every 5 --keep 3 --timeout-s 60.0 --elastic"):
+        assert part in line
+    code, _, err = _launch(capsys, *common, "--checkpoint-every", "5")
+    assert code == 2 and "needs --max-restarts >= 1 (now 0)" in err
+    code, _, err = _launch(capsys, *common, "--max-restarts", "3", "--checkpoint-every", "-1")
+    assert code == 2 and "--checkpoint-every=-1" in err
+    code, _, err = _launch(capsys, *common[:4], "3", *common[5:])
+    assert code == 2 and "--min-nodes=3 must be in 1..--nodes=2" in err
+
+
+def test_an_elastic_sbatch_script_meets_at_etcd_and_survives_a_node(big_plan):
+    script = sbatch_script(big_plan, nodes=16, min_nodes=12, rdzv_backend="etcd-v2",
+                           rdzv_endpoint="etcd.example:2379", max_restarts=3,
+                           train_args=["--checkpoint-every", "100"])
+    srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    assert srun.startswith("srun --no-kill bash -c 'exec torchrun ")
+    for part in ("--nnodes 12:16", "--rdzv-backend etcd-v2", "--rdzv-endpoint etcd.example:2379",
+                 "--max-restarts 3", "--checkpoint-every 100 --elastic"):
+        assert part in srun
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in script.splitlines()
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    with pytest.raises(PlanError, match="etcd-v2' needs rdzv_endpoint"):
+        sbatch_script(big_plan, nodes=16, rdzv_backend="etcd-v2")
