@@ -314,6 +314,26 @@ def zero3_exposed_s(gather_s: float, scatter_s: float, window_f: float, window_b
     return per_f, per_b, hidden_f - excess_f, last - excess_b
 
 
+def zero3_once_per_step(plan: Plan, options: SimOptions) -> bool:
+    """Whether ZeRO-3 gathers the weights and reduce-scatters the gradients once per step
+    instead of every micro-batch: FSDP2 under ``torch.distributed.pipelining`` with the
+    framework's ``zero3_pp_unsharded`` (pp > 1). The pipeline stage turns off resharding
+    after backward and gradient sync for every backward but the last
+    (``_PipelineStageBase.backward_maybe_with_nosync`` in ``torch/distributed/pipelining/
+    stage.py``: ``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``)
+    and torchtitan does not reshard after forward when pp > 1
+    (``fsdp_reshard_after_forward = "default"``), so the weights stay gathered between
+    micro-batches.
+
+    >>> p = Plan(tp=1, pp=2, dp=4, micro_batch=1, global_batch=16, zero_stage=3)
+    >>> zero3_once_per_step(p, SimOptions(zero3_pp_unsharded=True))
+    True
+    >>> zero3_once_per_step(p.replace(pp=1, dp=8), SimOptions(zero3_pp_unsharded=True))
+    False
+    """
+    return plan.zero_stage == 3 and plan.pp > 1 and options.zero3_pp_unsharded
+
+
 def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
                       bandwidth: float, options: SimOptions) -> dict[str, float]:
     # ZeRO 1/2 (distributed optimizer): reduce-scatter gradients, all-gather the updated
@@ -361,7 +381,8 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     # expert all-to-all per block (`simulator.step.moe.chunk_moe_terms`).
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
-    z_fwd, z_bwd = _zero3_layer_comm(model, plan, cluster, rank, options)
+    z_fwd, z_bwd = (0.0, 0.0) if zero3_once_per_step(plan, options) else \
+        _zero3_layer_comm(model, plan, cluster, rank, options)
     fwd_dev, bwd_dev = lc.fwd_s, lc.bwd_s + recompute
     fwd_comm = tp_comm
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
@@ -625,6 +646,13 @@ def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: 
     tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
     if options.overlap_param_gather:
         tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
+    if zero3_once_per_step(plan, options):
+        # The weights are gathered in the first micro-batch's forward, block by block under
+        # the chunks' forwards (the first block's under nothing), and the gradients reduced
+        # once after the last backward, in buckets beside it like ZeRO-1/2.
+        g, gs = _zero3_layer_comm(model, plan, cluster, rank, options)
+        tail["dp_comm_s"] += held * (gs - g)
+        tail["dp_gather_s"] += max(g, held * g - plan.virtual_stages * fwd)
     if memo is not None:
         memo[key] = dict(tail)
     return tail

@@ -62,3 +62,22 @@ def test_stage_costs_of_a_34b_fsdp_run_across_16_nodes():
     L = m.num_layers
     assert costs.fwd_comm_s == pytest.approx(g + (L - 1) * g * K / (1 + K), rel=1e-6)
     assert costs.bwd_comm_s == pytest.approx(rs + (L - 1) * gs * K / (1 + K), rel=1e-6)
+
+
+def test_fsdp2_under_pipelining_gathers_and_reduces_once_per_step():
+    # torch.distributed.pipelining keeps FSDP2's weights gathered between micro-batches and
+    # reduce-scatters after the last backward only (stage.py backward_maybe_with_nosync):
+    # per micro-batch no ZeRO-3 traffic; per step the 16 blocks of a rank reduce-scatter once
+    # (beside the last backward, as DP buckets) and gather once, under the first forward.
+    m = ModelSpec(name="m", num_layers=32, hidden=4096, num_heads=32, num_kv_heads=8,
+                  ffn_hidden=14336, vocab_size=128256, seq_len=8192, activation="swiglu")
+    cluster = load_cluster("dgx-h100", nodes=4)
+    plan = Plan(tp=1, pp=2, dp=16, micro_batch=1, global_batch=128, zero_stage=3)
+    every = stage_costs(m, plan, cluster, SimOptions())[0]
+    once_opts = SimOptions(zero3_pp_unsharded=True)
+    once = stage_costs(m, plan, cluster, once_opts)[0]
+    g, gs = _zero3_layer_comm(m, plan, cluster, 0, once_opts)
+    held = m.num_layers // plan.pp
+    assert every.fwd_comm_s > 0 and once.fwd_comm_s == 0.0 and once.bwd_comm_s == 0.0
+    assert every.dp_comm_s == 0.0 and once.dp_comm_s == pytest.approx(held * (gs - g))
+    assert once.dp_gather_s == pytest.approx(max(g, held * g - once.fwd_compute_s))
