@@ -7,8 +7,10 @@ parallelism each becomes a reduce-scatter + all-gather pair (Korthikanti et al. 
 Full recomputation repeats the forward, its TP collectives included, before the backward;
 selective repeats the attention core only (Korthikanti et al. 2022, §5). ZeRO-3 / FSDP gathers
 each layer's weights before its forward and again before its backward and reduce-scatters its
-gradients after, every micro-batch, overlapped with the layer's compute (Rajbhandari et al.
-2020, §5.3; PyTorch FSDP prefetching). Context parallelism (cp > 1) gives each rank b·s/cp
+gradients after, every micro-batch, prefetched one block ahead under the previous block's
+compute, which the collective kernels slow; the first gather and the last reduce-scatter of
+a micro-batch are exposed (Rajbhandari et al. 2020, §5.3; Zhao et al. 2023, PyTorch FSDP §3.3;
+Lee et al. 2025 for the slowdown; `zero3_exposed_s`). Context parallelism (cp > 1) gives each rank b·s/cp
 tokens; attention passes the key/value blocks round the cp ring, cp − 1 sends per layer
 forward and, with their gradients, twice the bytes backward, each overlapped with the block
 attention it feeds (Liu et al. 2023, "Ring Attention", §3); gradients reduce over dp·cp.
@@ -238,6 +240,100 @@ def _zero3_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int,
     return gather, gather + scatter
 
 
+#: Fraction by which compute slows while a collective runs beside it on the same GPU: NCCL
+#: kernels hold SMs (one thread block per channel) and share HBM bandwidth with the GEMMs
+#: they overlap. Lee et al. 2025, "Characterizing Compute-Communication Overlap in
+#: GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114), abstract and §5: 18.9% mean
+#: compute slowdown under overlap (maximum 40%) over GPT and Llama layers on A100 and H100
+#: (and MI250 / MI210). One published mean, not fitted and not split by device.
+OVERLAP_COMPUTE_SLOWDOWN = 0.189
+
+
+def overlapped_s(compute_s: float, comm_s: float,
+                 slowdown: float = OVERLAP_COMPUTE_SLOWDOWN) -> float:
+    """Seconds until both ``compute_s`` of compute and a ``comm_s`` collective started beside
+    it are done, when the compute runs ``1 + slowdown`` times slower while the collective
+    runs (`OVERLAP_COMPUTE_SLOWDOWN`): ``comm_s`` if the collective outlasts the slowed
+    compute, else ``compute_s + comm_s · slowdown / (1 + slowdown)`` (the compute done
+    during the collective is ``comm_s / (1 + slowdown)``; the rest runs at full speed).
+
+    >>> overlapped_s(10.0, 0.0), overlapped_s(10.0, 30.0)  # nothing beside it; comm-bound
+    (10.0, 30.0)
+    >>> overlapped_s(10.0, 5.0, slowdown=0.25)  # 4 s of compute in the 5 s, then 6 s
+    11.0
+    """
+    if comm_s >= compute_s * (1 + slowdown):
+        return comm_s
+    return compute_s + comm_s * slowdown / (1 + slowdown)
+
+
+def zero3_exposed_s(gather_s: float, scatter_s: float, window_f: float, window_b: float,
+                    ahead: float = 1.0, overlap_reduce: bool = True,
+                    slowdown: float = OVERLAP_COMPUTE_SLOWDOWN
+                    ) -> tuple[float, float, float, float]:
+    """ZeRO-3 / FSDP time beyond compute for one micro-batch of a chunk of L blocks, as
+    (per-block forward, per-block backward, once-per-chunk forward, once-per-chunk backward)
+    seconds: the chunk's total is L · per-block + once-per-chunk.
+
+    Each block's weights are all-gathered before its forward and again before its backward
+    and its gradients reduce-scattered after its backward, every micro-batch (Rajbhandari et
+    al. 2020, ZeRO §5.3 and §7.2.2: parameters are re-gathered for every forward and
+    backward; Zhao et al. 2023, PyTorch FSDP, VLDB, §3.3 and §4: resharding after forward,
+    backward prefetch, one unit ahead). With gradient accumulation both FSDP and DeepSpeed
+    re-gather per micro-batch (FSDP keeps the weights only under
+    ``reshard_after_forward=False``, not modelled here). The collective for block i + 1
+    (forward) or i − 1 plus block i's reduce-scatter (backward) runs beside block i's
+    compute ``window_f`` / ``window_b``, which it slows (`overlapped_s`); what outlasts it
+    shows. Only the ``ahead`` share of a gather is prefetched (DeepSpeed
+    ``stage3_prefetch_bucket_size``): the rest stalls every block. Per chunk and micro-batch
+    the first block's prefetched gather has no compute before it and the last block's
+    reduce-scatter none after it (the backward's end waits for it: FSDP2's final backward
+    callback): both are exposed once, and a chunk has L − 1 prefetch windows, so the once
+    terms are those two less one block's overlap excess. ``overlap_reduce`` False
+    (DeepSpeed ``overlap_comm: false``): every reduce-scatter blocks the backward.
+
+    >>> # gather 4 s, scatter 6 s, 10 s forward / 20 s backward per block, no slowdown:
+    >>> zero3_exposed_s(4.0, 6.0, 10.0, 20.0, slowdown=0.0)  # all hides but the ends
+    (0.0, 0.0, 4.0, 6.0)
+    >>> # 12 s gathers against 10 s of compute: 2 s per window, so L - 1 windows plus the
+    >>> # first gather: L · 2 + (12 - 2)
+    >>> zero3_exposed_s(12.0, 6.0, 10.0, 20.0, slowdown=0.0)[::2]
+    (2.0, 10.0)
+    >>> # slowdown 0.25: 4 s of gather beside 10 s cost 4 · 0.25 / 1.25 = 0.8 s per window
+    >>> [round(x, 6) for x in zero3_exposed_s(4.0, 6.0, 10.0, 20.0, slowdown=0.25)]
+    [0.8, 2.0, 3.2, 4.0]
+    """
+    hidden_f = ahead * gather_s
+    stall_f = (1 - ahead) * gather_s
+    hidden_b = ahead * gather_s + (scatter_s if overlap_reduce else 0.0)
+    stall_b = (1 - ahead) * gather_s + (0.0 if overlap_reduce else scatter_s)
+    per_f = stall_f + overlapped_s(window_f, hidden_f, slowdown) - window_f
+    per_b = stall_b + overlapped_s(window_b, hidden_b, slowdown) - window_b
+    last = scatter_s if overlap_reduce else 0.0
+    excess_f, excess_b = per_f - stall_f, per_b - stall_b
+    return per_f, per_b, hidden_f - excess_f, last - excess_b
+
+
+def zero3_once_per_step(plan: Plan, options: SimOptions) -> bool:
+    """Whether ZeRO-3 gathers the weights and reduce-scatters the gradients once per step
+    instead of every micro-batch: FSDP2 under ``torch.distributed.pipelining`` with the
+    framework's ``zero3_pp_unsharded`` (pp > 1). The pipeline stage turns off resharding
+    after backward and gradient sync for every backward but the last
+    (``_PipelineStageBase.backward_maybe_with_nosync`` in ``torch/distributed/pipelining/
+    stage.py``: ``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``)
+    and torchtitan does not reshard after forward when pp > 1
+    (``fsdp_reshard_after_forward = "default"``), so the weights stay gathered between
+    micro-batches.
+
+    >>> p = Plan(tp=1, pp=2, dp=4, micro_batch=1, global_batch=16, zero_stage=3)
+    >>> zero3_once_per_step(p, SimOptions(zero3_pp_unsharded=True))
+    True
+    >>> zero3_once_per_step(p.replace(pp=1, dp=8), SimOptions(zero3_pp_unsharded=True))
+    False
+    """
+    return plan.zero_stage == 3 and plan.pp > 1 and options.zero3_pp_unsharded
+
+
 def _dp_and_optimizer(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
                       bandwidth: float, options: SimOptions) -> dict[str, float]:
     # ZeRO 1/2 (distributed optimizer): reduce-scatter gradients, all-gather the updated
@@ -285,7 +381,8 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     # expert all-to-all per block (`simulator.step.moe.chunk_moe_terms`).
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
-    z_fwd, z_bwd = _zero3_layer_comm(model, plan, cluster, rank, options)
+    z_fwd, z_bwd = (0.0, 0.0) if zero3_once_per_step(plan, options) else \
+        _zero3_layer_comm(model, plan, cluster, rank, options)
     fwd_dev, bwd_dev = lc.fwd_s, lc.bwd_s + recompute
     fwd_comm = tp_comm
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
@@ -297,26 +394,28 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     fwd_comm += cp_f
     bwd_comm += cp_b + (cp_f if plan.recompute == "full" else 0.0)
     fwd_comm, bwd_comm = fwd_comm + moe_comm[0], bwd_comm + moe_comm[1]
-    # ZeRO-3 traffic is prefetched on its own stream: only what outlasts compute shows, and
-    # only the prefetched share of a layer's gather can hide (`SimOptions`). On a CPU
-    # cluster (gloo) the collectives run on the cores that compute: nothing overlaps.
+    # ZeRO-3 traffic is prefetched on its own stream (`zero3_exposed_s`): one block's gather
+    # ahead, the first gather and last reduce-scatter under nothing, the compute it overlaps
+    # slowed by the collective kernels. On a CPU cluster (gloo) the collectives run on the
+    # cores that compute: nothing overlaps.
+    z_once_f = z_once_b = 0.0
     if cluster.collective_bandwidth_Bps is None:
         ahead = 1.0
         if options.zero3_prefetch_params is not None and z_fwd > 0:
             layer = model.layer_params() / plan.tp
             ahead = min(1.0, options.zero3_prefetch_params / layer)
-        scatter = z_bwd - z_fwd
-        hidden_b = ahead * z_fwd + (scatter if options.zero3_overlap_reduce else 0.0)
-        fwd_comm += (1 - ahead) * z_fwd + max(0.0, ahead * z_fwd - fwd_dev - fwd_comm)
-        bwd_comm += (z_bwd - hidden_b) + max(0.0, hidden_b - bwd_dev - bwd_comm)
+        z_f, z_b, z_once_f, z_once_b = zero3_exposed_s(
+            z_fwd, z_bwd - z_fwd, fwd_dev + fwd_comm, bwd_dev + bwd_comm, ahead,
+            options.zero3_overlap_reduce)
+        fwd_comm, bwd_comm = fwd_comm + z_f, bwd_comm + z_b
     else:
         fwd_comm, bwd_comm = fwd_comm + z_fwd, bwd_comm + z_bwd
     # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
     # so only device + comm beyond the host time is exposed communication.
     fwd, bwd, dev_f, dev_b = _chunk_compute(plan, layers, lc, edge, host_re)
     amax_f, amax_b = amax_allreduce_s(plan, cluster, rank, layers)
-    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm - fwd) + amax_f,
-            max(0.0, dev_b + layers * bwd_comm - bwd) + amax_b)
+    return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm + z_once_f - fwd) + amax_f,
+            max(0.0, dev_b + layers * bwd_comm + z_once_b - bwd) + amax_b)
 
 
 def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
@@ -547,6 +646,13 @@ def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: 
     tail["optimizer_s"] += weight_cast_s(model, plan, held, dev, bandwidth)
     if options.overlap_param_gather:
         tail["dp_gather_s"] = max(0.0, tail["dp_gather_s"] - fwd)
+    if zero3_once_per_step(plan, options):
+        # The weights are gathered in the first micro-batch's forward, block by block under
+        # the chunks' forwards (the first block's under nothing), and the gradients reduced
+        # once after the last backward, in buckets beside it like ZeRO-1/2.
+        g, gs = _zero3_layer_comm(model, plan, cluster, rank, options)
+        tail["dp_comm_s"] += held * (gs - g)
+        tail["dp_gather_s"] += max(g, held * g - plan.virtual_stages * fwd)
     if memo is not None:
         memo[key] = dict(tail)
     return tail

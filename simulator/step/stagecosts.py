@@ -76,6 +76,11 @@ class SimOptions:
         zero3_overlap_reduce: ZeRO-3 gradient reduce-scatters run beside the backward
             (FSDP; DeepSpeed ``overlap_comm: true``); False: they block it (DeepSpeed's
             documented default ``overlap_comm: false``).
+        zero3_pp_unsharded: with pipeline parallelism (pp > 1) the ZeRO-3 weights stay
+            gathered between micro-batches and the gradients reduce-scatter once, after the
+            last backward (FSDP2 under ``torch.distributed.pipelining``, as torchtitan runs
+            it; `simulator.step.costs.zero3_once_per_step`). False: gathered and reduced
+            every micro-batch.
         efficiency: compute efficiency; None loads the device's entry of efficiency.yaml.
         optimizer_post_validation: no synchronisation of all pipeline stages (global
             gradient norm, inf/nan check) before the optimizer step; it is validated after the
@@ -113,6 +118,7 @@ class SimOptions:
     p2p_overhead_s: float = 0.0
     zero3_prefetch_params: float | None = None
     zero3_overlap_reduce: bool = True
+    zero3_pp_unsharded: bool = False
     efficiency: Efficiency | None = None
     fp32_main_grads: bool = False
     moe_imbalance: float = 1.0

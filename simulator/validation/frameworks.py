@@ -50,7 +50,8 @@ OPTION_KEYS = ("attention", "tp_comm_overlap", "grad_reduce_bytes", "blocking_p2
                "zero3_prefetch_params", "zero3_overlap_reduce", "fp32_main_grads")
 #: `SimOptions` fields a family may set; without them the `SimOptions` default holds
 #: (``cp_attention``: 'ring', for the families that never ran context parallelism).
-OPTIONAL_OPTION_KEYS = ("cp_attention",)
+#: (``zero3_pp_unsharded``: False, ZeRO-3 gathers every micro-batch under pipelining too).
+OPTIONAL_OPTION_KEYS = ("cp_attention", "zero3_pp_unsharded")
 
 
 def _matches(match: dict[str, list[str]], row: dict) -> bool:
