@@ -113,6 +113,13 @@ class SearchSpace:
                 raise PlanError(f"{name}=() allows nothing; give at least one value or None")
             for value in values:
                 _check_value(name, value)
+        if self.schedule is not None and self.virtual_stages is not None and not any(
+                chunks_fit(s, v) for s in self.schedule for v in self.virtual_stages):
+            raise PlanError(
+                f"schedule={_show(self.schedule)} and virtual_stages="
+                f"{_show(self.virtual_stages)} exclude each other: single-chunk schedules have "
+                f"virtual_stages=1, {'/'.join(V_SCHEDULES)} 2, the interleaved ones 2 or more; "
+                f"fix only one of them or a matching pair")
 
     @classmethod
     def from_fixed(cls, fixed: dict[str, object]) -> SearchSpace:
@@ -139,6 +146,21 @@ class SearchSpace:
     def replace(self, **changes: object) -> SearchSpace:
         """A copy with some fields changed (None frees a field)."""
         return dataclasses.replace(self, **changes)
+
+
+def _show(values: tuple) -> str:
+    return ",".join(map(str, values))
+
+
+def chunks_fit(schedule: str, virtual_stages: int) -> bool:
+    """Whether ``schedule`` runs ``virtual_stages`` model chunks per pipeline rank: one for the
+    single-chunk schedules, two for the V schedules (ZB-V, Qi et al. 2024 §6; DualPipe-V), two
+    or more for the interleaved ones (Narayanan et al. 2021 §2.2)."""
+    if schedule not in MULTI_CHUNK_SCHEDULES:
+        return virtual_stages == 1
+    if schedule in V_SCHEDULES:
+        return virtual_stages == 2
+    return virtual_stages >= 2
 
 
 def _check_value(name: str, value: object) -> None:
@@ -321,17 +343,19 @@ def expert_splits(model: ModelSpec, space: SearchSpace, tp: int, attn: int
 
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:
     # (schedule, virtual_stages) pairs; explicit v values are kept so their rejection shows.
+    # A fixed virtual_stages binds: it drops the schedules that cannot run that many chunks.
     schedules = space.schedule or DEFAULT_SCHEDULES
+    fixed_v = space.virtual_stages
     out = []
     for schedule in schedules:
         if schedule in ZERO_BUBBLE_SCHEDULES and pp == 1:
             continue  # nothing to pipeline
-        if schedule not in MULTI_CHUNK_SCHEDULES:
-            out.append((schedule, 1))
-        elif schedule in V_SCHEDULES:
-            out.append((schedule, 2))  # two chunks per rank in a V, whatever virtual_stages
+        if schedule not in MULTI_CHUNK_SCHEDULES or schedule in V_SCHEDULES:
+            v = 1 if schedule not in MULTI_CHUNK_SCHEDULES else 2  # a V: two chunks per rank
+            if fixed_v is None or v in fixed_v:
+                out.append((schedule, v))
         elif pp > 1:
-            vs = space.virtual_stages or tuple(
+            vs = tuple(v for v in fixed_v if chunks_fit(schedule, v)) if fixed_v else tuple(
                 v for v in range(2, MAX_VIRTUAL_STAGES + 1)
                 if model.num_layers % (pp * v) == 0 or edge_stage_layers(model, pp, v))
             out += [(schedule, v) for v in vs]

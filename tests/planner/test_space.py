@@ -70,7 +70,8 @@ def test_interleaved_refuses_9_microbatches_on_4_stages():
     assert rejected["tp1-pp4-dp1-mb1-gb9-v2"].reason == (
         "schedule='interleaved-1f1b' needs the micro-batch count (9) to be a multiple of pp=4")
     # With 1F1B the same 9 micro-batches are fine.
-    plans, _ = _walk(model, space.replace(schedule=("1f1b",)), devices=4, global_batch=9)
+    plans, _ = _walk(model, space.replace(schedule=("1f1b",), virtual_stages=(1,)), devices=4,
+                     global_batch=9)
     assert plans and all(p.num_microbatches == 9 for p in plans)
 
 
