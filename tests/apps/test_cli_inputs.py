@@ -118,3 +118,14 @@ def test_a_context_parallel_plan_is_simulated_and_launchable(tmp_path):
 def test_validate_names_a_missing_runs_file(tmp_path):
     proc = _meshplan("validate", "--runs", str(tmp_path / "nothere.csv"))
     assert proc.returncode == 2 and "--runs" in proc.stderr and "no such file" in proc.stderr
+
+
+def test_an_error_is_one_line_and_names_both_fixes_that_exclude_each_other(capsys):
+    # the error console must not wrap: one line however long (80 columns when piped)
+    from apps.cli import main
+    code = main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--fix", "schedule=1f1b", "--fix", "virtual_stages=2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and len(err) > 80, err
+    assert "schedule=1f1b and virtual_stages=2 exclude each other" in err
