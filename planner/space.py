@@ -32,6 +32,7 @@ from planner.spec import (
     balanced_split,
     degrees_text,
     divisors,
+    require_bool,
     zero_bubble_reason,
 )
 
@@ -170,8 +171,7 @@ def _check_value(name: str, value: object) -> None:
                             f"exactly once, innermost first")
         return
     if name == "sequence_parallel":
-        if not isinstance(value, bool):
-            raise PlanError(f"sequence_parallel={value!r} must be True or False")
+        require_bool(name, value)
         return
     literal = {"schedule": Schedule, "recompute": Recompute, "zero_stage": ZeroStage}.get(name)
     if literal is not None:

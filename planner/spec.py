@@ -67,6 +67,26 @@ def _require_positive_int(obj: object, *names: str) -> None:
             raise PlanError(f"{name}={value!r} must be a positive integer")
 
 
+def require_bool(name: str, value: object, where: str = "") -> bool:
+    """``value`` if it is a boolean, else `PlanError` naming ``where`` + ``name`` and the value.
+
+    The one check for boolean fields of model, cluster and plan files and of ``--fix``: a
+    YAML file must write ``true`` / ``false`` unquoted (the string ``"false"`` or the number
+    2 would otherwise read as true).
+    """
+    if not isinstance(value, bool):
+        raise PlanError(f"{where}{name}={value!r} must be a boolean: write true or false "
+                        f"(unquoted in YAML)")
+    return value
+
+
+def _require_bool_fields(obj: object) -> None:
+    # every field the dataclass declares as bool (annotations are strings here)
+    for f in dataclasses.fields(obj):
+        if f.type == "bool":
+            require_bool(f.name, getattr(obj, f.name))
+
+
 def _require_choice(obj: object, name: str, literal: object) -> None:
     value = getattr(obj, name)
     choices = _choices(literal)
@@ -144,6 +164,7 @@ class ModelSpec:
             self, "num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
             "vocab_size", "seq_len",
         )
+        _require_bool_fields(self)
         _require_choice(self, "activation", Activation)
         _require_choice(self, "norm", Norm)
         _check_moe_fields(self)
@@ -476,6 +497,7 @@ class Plan:
     def __post_init__(self) -> None:
         _require_positive_int(self, "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch",
                               "global_batch", "virtual_stages")
+        _require_bool_fields(self)
         _check_expert_folding(self)
         _require_choice(self, "schedule", Schedule)
         _require_choice(self, "recompute", Recompute)

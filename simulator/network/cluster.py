@@ -27,7 +27,7 @@ from typing import NamedTuple
 import networkx as nx
 import yaml
 
-from planner.spec import PlanError
+from planner.spec import PlanError, require_bool
 from simulator import PRESET_DIR
 from simulator.network.cluster_keys import check_cluster_keys
 from simulator.network.cpu_profile import CpuProfile, read_profile
@@ -403,7 +403,9 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                    intra_kind=intra["kind"], intra_bandwidth_Bps=float(intra["bandwidth_Bps"]),
                    intra_latency_s=float(intra["latency_s"]),
                    gpus_per_switch=int(intra.get("gpus_per_switch", per_node)),
-                   in_switch_reduction=bool(intra.get("in_switch_reduction", False)),
+                   in_switch_reduction=require_bool(
+                       "intra.in_switch_reduction", intra.get("in_switch_reduction", False),
+                       f"cluster {name!r}: "),
                    nic_bandwidth_Bps=nic_bw, transport=nic["transport"],
                    topology=fab.topology, tiers=fab.tiers, switch_radix=fab.radix,
                    leaf_uplink_Bps=fab.leaf_uplink_Bps if fab.tiers > 1 else math.inf,
