@@ -11,7 +11,9 @@ This module imports nothing from the other meshplan packages.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, get_args
@@ -65,6 +67,14 @@ def _require_positive_int(obj: object, *names: str) -> None:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{name}={value!r} must be a positive integer")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the choice closest to a misspelt ``word`` (difflib ratio
+    >= 0.75), else ''. The one suggestion for misspelt keys and names of every input file and
+    flag."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def require_bool(name: str, value: object, where: str = "") -> bool:
