@@ -378,10 +378,23 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                         f"{list(INTRA_KINDS)}")
     check_positive("intra.bandwidth_Bps", intra["bandwidth_Bps"], name)
     check_positive("intra.latency_s", intra["latency_s"], name, zero_ok=True)
-    nic = _merged(base["nic"], mapping_field(spec, "nic", name))
-    if "speed_Gbps" in mapping_field(spec, "nic", name):
+    nic_given = mapping_field(spec, "nic", name)
+    if "speed_Gbps" in nic_given and "bandwidth_Bps" in nic_given:
+        raise PlanError(f"cluster {name!r}: nic.speed_Gbps={nic_given['speed_Gbps']!r} and "
+                        f"nic.bandwidth_Bps={nic_given['bandwidth_Bps']!r} both give the NIC "
+                        f"speed; keep one of them")
+    nic = _merged(base["nic"], nic_given)
+    if "speed_Gbps" in nic_given:
         nic["bandwidth_Bps"] = check_positive("nic.speed_Gbps", nic["speed_Gbps"], name) * 1e9 / 8
     nics = check_positive_int("nic.per_node", nic["per_node"], name)
+    if nics > per_node:
+        # each GPU's inter-node traffic goes through one NIC (its rail); more compute NICs
+        # than GPUs (AWS p5: 32 EFA NICs for 8 GPUs) would leave the extra ones unused
+        raise PlanError(f"cluster {name!r}: nic.per_node={nics} is more than the "
+                        f"{per_node} GPUs per node; the model gives each GPU one NIC: give "
+                        f"nic.per_node <= {per_node} with each GPU's total NIC speed (e.g. 4 "
+                        f"x 100 Gb/s per GPU: per_node {per_node}, speed_Gbps 400), and leave "
+                        f"storage / in-band NICs out")
     nic_bw = check_positive("nic.bandwidth_Bps", nic["bandwidth_Bps"], name)
     transports = _fabrics()["transports"]
     if nic.get("transport") not in transports:

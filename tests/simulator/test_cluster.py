@@ -1,6 +1,7 @@
 """Cluster presets, topology and load errors."""
 
 import os
+import re
 
 import pytest
 
@@ -89,3 +90,16 @@ def test_scale_links_scales_every_edge():
     fast = cluster.scale_links(bandwidth=10.0)
     assert fast.link(0, 8).bandwidth_Bps == 250e9
     assert cluster.link(0, 8).bandwidth_Bps == 25e9
+
+
+@pytest.mark.parametrize("nic, message", [
+    ({"speed_Gbps": 400, "bandwidth_Bps": 25.0e9},
+     "nic.speed_Gbps=400 and nic.bandwidth_Bps=25000000000.0 both give the NIC speed; keep one"),
+    # GPU i uses NIC i*per_node//8: NICs 1, 3, 5... would carry nothing
+    ({"per_node": 16}, "nic.per_node=16 is more than the 8 GPUs per node"),
+])
+def test_nic_fields_that_contradict_each_other_or_the_model_are_refused(nic, message):
+    from simulator.network.cluster import cluster_from_spec
+    with pytest.raises(PlanError, match=re.escape(message)):
+        cluster_from_spec("c", {"kind": "gpu", "node_type": "dgx-h100", "nodes": 2,
+                                "nic": nic, "fabric": {"switch_radix": 64}})
