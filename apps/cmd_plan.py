@@ -51,8 +51,9 @@ DEFAULT_BATCH_TOKENS = 4 * 2**20
 
 
 def default_global_batch(cluster, seq_len: int) -> int:
-    """8 sequences on a CPU cluster; else ~4M tokens rounded to a power of two of sequences."""
-    if cluster.default_dtype == "fp32":
+    """8 sequences on a CPU cluster (no NICs: localhost); else ~4M tokens rounded to a power
+    of two of sequences."""
+    if cluster.nics_per_node == 0:
         return 8
     return gpu_global_batch(seq_len)
 

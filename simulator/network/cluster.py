@@ -27,6 +27,7 @@ from typing import NamedTuple
 import networkx as nx
 import yaml
 
+from planner.precision import CPU_DTYPE, check_default_dtype
 from planner.spec import PlanError, require_bool
 from simulator import PRESET_DIR
 from simulator.network.cluster_keys import check_cluster_keys
@@ -410,7 +411,7 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                transport.get("source", "")]
     return Cluster(name=name, graph=build_gpu_graph(fab, intra), device=device,
                    num_nodes=nodes, devices_per_node=per_node,
-                   default_dtype=spec.get("default_dtype", "bf16"),
+                   default_dtype=check_default_dtype(spec.get("default_dtype", "bf16"), name),
                    nics_per_node=nics, nodes_per_leaf=fab.nodes_per_leaf,
                    oversubscription=fab.oversubscription, node_type=node_type,
                    intra_kind=intra["kind"], intra_bandwidth_Bps=float(intra["bandwidth_Bps"]),
@@ -454,7 +455,7 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
     return Cluster(name=name, graph=g, device=profile or (calibrated.device if calibrated
                                                           else load_device(spec["device"])),
                    num_nodes=1, devices_per_node=ranks,
-                   default_dtype=spec.get("default_dtype", "fp32"),
+                   default_dtype=check_default_dtype(spec.get("default_dtype", CPU_DTYPE), name),
                    compute_share=min(1.0, cores / ranks),
                    collective_latency_s=spec["collective"]["latency_s"] * lat_scale,
                    collective_bandwidth_Bps=spec["collective"]["bandwidth_Bps"] / bw_scale,
