@@ -84,6 +84,10 @@ def parse_fixed(items: list[str]) -> SearchSpace:
         name = name.strip().replace("-", "_")
         if not sep or not values:
             raise PlanError(f"--fix {item!r} must look like FIELD=VALUE[,VALUE...]")
+        if name in fixed:
+            given = ",".join(map(str, fixed[name]))
+            raise PlanError(f"--fix {name} given twice ({name}={given} and {name}={values}); "
+                            f"give it once, e.g. --fix {name}={given},{values} to search both")
         fixed[name] = tuple(_value(name, v.strip()) for v in values.split(","))
     from planner.space import SearchSpace
     return SearchSpace.from_fixed(fixed)

@@ -121,6 +121,11 @@ class SearchSpace:
                 f"{_show(self.virtual_stages)} exclude each other: single-chunk schedules have "
                 f"virtual_stages=1, {'/'.join(V_SCHEDULES)} 2, the interleaved ones 2 or more; "
                 f"fix only one of them or a matching pair")
+        if self.dp is not None and max(self.dp) == 1 and self.zero_stage is not None and \
+                0 not in self.zero_stage and (self.cp is None or max(self.cp) == 1):
+            raise PlanError(
+                f"zero_stage={_show(self.zero_stage)} with dp=1: ZeRO shards over the dp*cp "
+                f"ranks and dp=1 leaves one; fix dp > 1 (or cp > 1), or drop the zero_stage fix")
 
     @classmethod
     def from_fixed(cls, fixed: dict[str, object]) -> SearchSpace:
@@ -407,6 +412,10 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
     zeros = space.zero_stage or (0, 1, 2, 3)
     if dp * cp == 1 and 0 in zeros:
         zeros = (0,)  # nothing to shard over: every ZeRO stage is plain data parallel
+    elif dp * cp == 1:
+        yield Rejection(id=f"{split_id}-zero{zeros[0]}", kind="devices", reason=(
+            f"zero_stage={_show(zeros)} shards over dp*cp ranks and {split_id} has one"))
+        return
     places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
                                  else (MESH_AXES,))
     rcs = space.recompute or ("none", "selective", "full")
