@@ -77,21 +77,28 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
     check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
+    if args.slurm and (args.rdzv_endpoint or args.node_rank is not None or args.run):
+        given = [f for f, v in (("--rdzv-endpoint", args.rdzv_endpoint),
+                                ("--node-rank", args.node_rank), ("--run", args.run or None))
+                 if v is not None]
+        raise PlanError(f"--slurm {args.slurm} and {' '.join(given)} exclude each other: the "
+                        f"batch script takes node 0 of the allocation as the rendezvous (its "
+                        f"port: --port); leave {given[0]} out, or --slurm to print the torchrun "
+                        f"lines")
     out = {}
     if args.slurm:
-        port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
-        script = sbatch_script(args.plan, nodes=args.nodes, port=port, steps=args.steps,
+        script = sbatch_script(args.plan, nodes=args.nodes, port=args.port, steps=args.steps,
                                out_dir=args.out, data=args.data, time_limit=args.time,
                                partition=args.partition)
         Path(args.slurm).write_text(script, encoding="utf-8")
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)
-        if not args.rdzv_endpoint:
-            if args.json:
-                print(json.dumps(out))
-            return 0
+        if args.json:
+            print(json.dumps(out))
+        return 0
     if not args.rdzv_endpoint:
         raise PlanError("--rdzv-endpoint HOST:PORT is needed (or --slurm FILE)")
+    parse_endpoint(args.rdzv_endpoint)  # HOST:PORT, a port in 1..65535
     ranks = [args.node_rank] if args.node_rank is not None else list(range(args.nodes))
     if args.run and args.node_rank is None:
         raise PlanError("--run starts one node's agent; give --node-rank R")
