@@ -93,12 +93,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  getattr(args, "cpu_profile", None))
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
     tokens = train_tokens(args, gb, model.seq_len)
-    console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
-                  f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
-                  f"{cluster.device.name}), global batch {gb}")
+    # What is searched goes to stderr before the search, the results (and --out) after it:
+    # `| head` then costs no plan file.
+    from rich.console import Console
+    notes = Console(stderr=True)
+    notes.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
+                f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
+                f"{cluster.device.name}), global batch {gb}")
     if cluster.nics_per_node == 0:
-        console.print(profile_line(cluster), highlight=False)
-    with console.status("searching every legal plan ..."):
+        notes.print(profile_line(cluster), highlight=False)
+    with notes.status("searching every legal plan ..."):
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
                         **search_kwargs(args))
     if getattr(args, "objective", "throughput") == "goodput":
@@ -106,6 +110,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if tokens is not None:
         result = train_ranked(console, result, model, cluster, args, tokens)
     ranked, rejected = result.ranked, result.rejected
+    if args.out and not ranked.empty:
+        # written before anything is printed: a reader that stops early (``| head``) does
+        # not cost the plan file
+        from planner.planfile import PlanFile, write_plan_file
+        best = result.best
+        write_plan_file(args.out, PlanFile(
+            model=model, plan=best, prediction=result.predictions[best.id].to_dict(),
+            cluster=cluster_ref(cluster, best, args.cluster)))
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
                                  + list(TRAIN_COLUMNS) if k in ranked]
@@ -145,14 +157,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 row = rejected[kind].iloc[0]
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
     report(console, args, result)
-    if args.out:
-        from planner.planfile import PlanFile, write_plan_file
-        best = result.best
-        pred = result.predictions[best.id]
-        write_plan_file(args.out, PlanFile(
-            model=model, plan=best, prediction=pred.to_dict(),
-            cluster=cluster_ref(cluster, best, args.cluster)))
-        console.print(f"wrote {args.out} ({best.id})")
+    if args.out:  # no legal plan: `best` raises, naming the commonest reasons
+        console.print(f"wrote {args.out} ({result.best.id})")
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
     # blocks them), so this is bad input, exit 2, also with --json.
     return 0 if not ranked.empty else 2

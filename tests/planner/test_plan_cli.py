@@ -52,3 +52,16 @@ def test_bad_fix_exits_2():
     proc = _meshplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fix", "tp")
     assert proc.returncode == 2
     assert "--fix 'tp' must look like FIELD=VALUE" in proc.stderr
+
+
+def test_the_plan_file_is_written_before_a_reader_that_stops_early(tmp_path):
+    # `meshplan plan ... --out x.yaml | head -1`: the reader leaves after the first line
+    out = tmp_path / "x.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "apps.cli", "plan", "--model", "tiny-gpt",
+                             "--cluster", "localhost-cpu", "--ranks", "2", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert b"Traceback" not in err
+    assert "plan:" in out.read_text()
