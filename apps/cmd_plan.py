@@ -12,6 +12,7 @@ import math
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
+    check_output_path,
     command_console,
     fmt_flag,
     fmt_gib,
@@ -86,6 +87,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
     require_positive(args, "--top-k", "--prune")
+    check_output_path("--out", args.out)
+    check_output_path("--csv", getattr(args, "csv", None), folder=True)
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)

@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import print_table, write_csv
+from apps.format import check_output_path, print_table, write_csv
 from planner.spec import PlanError
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
         raise PlanError(f"--sizes {args.sizes!r} lists no size; use e.g. 1M,64M,1G")
     if args.ranks is not None and args.ranks < 2:
         raise PlanError(f"--ranks={args.ranks}: a collective needs at least 2 ranks")
+    check_output_path("--csv", args.csv)
     local = args.cluster == "localhost-cpu"
     cluster = _load(args, args.ranks if local else None)
     rows = collective_rows(cluster, op, sizes, None if local else args.ranks,

@@ -80,6 +80,29 @@ def command_console(args) -> Console:
     return Console(stderr=bool(getattr(args, "json", False)))
 
 
+def check_output_path(flag: str, path: str | Path | None, *, folder: bool = False) -> None:
+    """Before any work: raise `PlanError` naming ``flag`` when ``path`` cannot be written as a
+    file (``folder`` False) or used as a folder (True): the wrong kind of thing is already
+    there, or the nearest existing parent is not a writable folder. None: nothing to check."""
+    import os
+
+    from planner.spec import PlanError
+    if path is None:
+        return
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise PlanError(f"{flag} {str(path)!r} is a file; {flag} takes a folder (new or "
+                        f"existing): give another path or remove the file")
+    if not folder and path.is_dir():
+        raise PlanError(f"{flag} {str(path)!r} is a folder; {flag} takes a file path")
+    parent = path if folder and path.is_dir() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PlanError(f"{flag} {str(path)!r}: {str(parent)!r} is not a writable folder; "
+                        f"give a path under one")
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Write table rows as CSV in SI units (nested values as JSON); parent folders created."""
     import pandas as pd

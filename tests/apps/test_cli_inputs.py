@@ -129,3 +129,20 @@ def test_an_error_is_one_line_and_names_both_fixes_that_exclude_each_other(capsy
     assert code == 2
     assert err.count("\n") == 1 and len(err) > 80, err
     assert "schedule=1f1b and virtual_stages=2 exclude each other" in err
+
+
+def test_output_paths_are_checked_before_the_search(tmp_path, capsys):
+    # --csv takes a folder: an existing file there used to fail only after the whole search
+    from apps.cli import main
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    base = ["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2"]
+    assert main([*base, "--csv", str(afile)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--csv '{afile}' is a file; --csv takes a folder" in err
+    assert "ranked plans" not in err and afile.read_text() == "keep me\n"
+    assert main([*base, "--out", str(tmp_path)]) == 2
+    assert f"--out '{tmp_path}' is a folder" in " ".join(capsys.readouterr().err.split())
+    assert main(["collective", "all_reduce", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--csv", str(afile / "x.csv")]) == 2
+    assert "is not a writable folder" in capsys.readouterr().err
