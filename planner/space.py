@@ -33,6 +33,7 @@ from planner.spec import (
     degrees_text,
     divisors,
     require_bool,
+    unknown_fields_message,
     zero_bubble_reason,
 )
 
@@ -136,8 +137,7 @@ class SearchSpace:
         """
         unknown = sorted(set(fixed) - set(_FIELDS))
         if unknown:
-            raise PlanError(f"unknown search field(s) {unknown}; known fields are "
-                            f"{list(_FIELDS)}")
+            raise PlanError(unknown_fields_message("search", unknown, _FIELDS))
         data = {}
         for name, value in fixed.items():
             single = isinstance(value, (int, str, bool)) or (

@@ -69,12 +69,28 @@ def _require_positive_int(obj: object, *names: str) -> None:
             raise PlanError(f"{name}={value!r} must be a positive integer")
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'X'?)`` for the choice closest to a misspelt ``word`` (difflib ratio
-    >= 0.75), else ''. The one suggestion for misspelt keys and names of every input file and
-    flag."""
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to a misspelt ``word`` (difflib ratio >= 0.75), or None: the one
+    suggestion rule for misspelt keys and names of every input file and flag."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for `closest`, else ''.
+
+    >>> did_you_mean("num_kv_head", ["num_heads", "num_kv_heads"])
+    " (did you mean 'num_kv_heads'?)"
+    """
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def unknown_fields_message(kind: str, unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``unknown model field(s) ['x'] (did you mean 'y'?); known fields are [...]``."""
+    unknown, known = sorted(unknown), sorted(known)
+    hints = "".join(did_you_mean(str(u), known) for u in unknown)
+    return f"unknown {kind} field(s) {unknown}{hints}; known fields are {known}"
 
 
 def require_bool(name: str, value: object, where: str = "") -> bool:

@@ -119,3 +119,17 @@ def test_boolean_fields_of_model_plan_and_cluster_files_take_only_booleans(value
                                 "fabric": {"switch_radix": 64},
                                 "intra": {"in_switch_reduction": value}})
     assert model_from_dict({**fields, "tied_embeddings": False}).tied_embeddings is False
+
+
+def test_a_misspelt_model_field_gets_a_suggestion_like_a_cluster_key(tmp_path):
+    # the user's Llama-style file with num_kv_head for num_kv_heads
+    path = tmp_path / "m.yaml"
+    path.write_text("num_layers: 2\nhidden: 64\nnum_heads: 4\nnum_kv_head: 2\nffn_hidden: 256\n"
+                    "vocab_size: 128\nseq_len: 16\nactivation: gelu\nnorm: layernorm\n")
+    with pytest.raises(PlanError, match=r"unknown model field\(s\) \['num_kv_head'\] \(did you "
+                                        r"mean 'num_kv_heads'\?\); known fields are \["):
+        load_model(str(path))
+    from planner.planfile import plan_from_dict
+    with pytest.raises(PlanError, match=r"\['zero_stages'\] \(did you mean 'zero_stage'\?\)"):
+        plan_from_dict({"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 1,
+                        "zero_stages": 1})
