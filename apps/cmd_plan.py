@@ -12,6 +12,7 @@ import math
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
+    SearchProgress,
     check_output_path,
     command_console,
     fmt_flag,
@@ -105,9 +106,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"{cluster.device.name}), global batch {gb}")
     if cluster.nics_per_node == 0:
         notes.print(profile_line(cluster), highlight=False)
-    with notes.status("searching every legal plan ..."):
+    with notes.status("searching every legal plan ...") as status:
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
-                        **search_kwargs(args))
+                        progress=SearchProgress(notes, status), **search_kwargs(args))
     if getattr(args, "objective", "throughput") == "goodput":
         result = goodput_ranked(console, result, model, cluster, args)
     if tokens is not None:
