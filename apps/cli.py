@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _error(text: str) -> None:
     from rich.console import Console
-    Console(stderr=True).print(text, highlight=False)
+    Console(stderr=True, soft_wrap=True).print(text, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.precision import storage_dtype
+from planner.precision import storage_dtype, unsupported_dtype_reason
 from planner.spec import Plan, PlanError
 
 if TYPE_CHECKING:                   # the simulator loads at command time, not at --help
@@ -111,6 +111,16 @@ def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> Clus
                       cpu_profile=profile.path if profile is not None and profile.path else None,
                       peak_flops_per_device=cluster.device.peak(storage_dtype(plan.dtype)),
                       spec=spec)
+
+
+def check_plan_dtype(pf: PlanFile, cluster: Cluster) -> None:
+    """Raise `PlanError` when the plan's dtype cannot run on ``cluster``'s device (the check a
+    search applies, `planner.precision.unsupported_dtype_reason`): an edited plan file must
+    not simulate, export or launch what the device has no tensor cores for."""
+    reason = unsupported_dtype_reason(pf.plan.dtype, cluster.device.name,
+                                      cluster.device.peak_flops)
+    if reason:
+        raise PlanError(f"plan file: {reason}")
 
 
 def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluster:

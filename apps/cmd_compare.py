@@ -20,6 +20,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.steps < 1:  # checked before the first run starts
         raise PlanError(f"--steps={args.steps} must be >= 1 (steps each plan runs; default 12)")
     from apps.compare import DEFAULT_PLANS, compare, plan_indices
+    from apps.format import check_output_path
+    check_output_path("--csv", getattr(args, "csv", None))
+    check_output_path("--out", args.out, folder=True)
     console = command_console(args)
     plans = None if getattr(args, "sweep", False) else DEFAULT_PLANS
     if getattr(args, "plans", None):

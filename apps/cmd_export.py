@@ -24,6 +24,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rich.console import Console
     console = Console(stderr=True)  # stdout holds only what to paste
     pf = read_plan_file(args.plan)
+    from apps.clusters import check_plan_dtype, cluster_of_plan_file
+    check_plan_dtype(pf, cluster_of_plan_file(pf))
     out = export_plan(pf.model, pf.plan, args.to, steps=args.steps)
     if args.json:
         print(json.dumps({"id": pf.plan.id, **dataclasses.asdict(out)}))

@@ -157,10 +157,21 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
     check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
     train_args = elastic_train_args(args)
+    etcd = args.rdzv_backend == "etcd-v2"
+    # under etcd-v2 the endpoint is the etcd server the batch script's nodes meet at; a c10d
+    # batch script takes node 0 of the allocation as the rendezvous instead
+    c10d_endpoint = None if etcd else args.rdzv_endpoint
+    if args.slurm and (c10d_endpoint or args.node_rank is not None or args.run):
+        given = [f for f, v in (("--rdzv-endpoint", c10d_endpoint),
+                                ("--node-rank", args.node_rank), ("--run", args.run or None))
+                 if v is not None]
+        raise PlanError(f"--slurm {args.slurm} and {' '.join(given)} exclude each other: the "
+                        f"batch script takes node 0 of the allocation as the rendezvous (its "
+                        f"port: --port; an etcd-v2 launch meets at --rdzv-endpoint); leave "
+                        f"{given[0]} out, or --slurm to print the torchrun lines")
     out = {}
     if args.slurm:
         port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
-        etcd = args.rdzv_backend == "etcd-v2"
         script = sbatch_script(args.plan, nodes=args.nodes, port=port, steps=args.steps,
                                out_dir=args.out, data=args.data, time_limit=args.time,
                                partition=args.partition, min_nodes=args.min_nodes,
@@ -171,12 +182,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         Path(args.slurm).write_text(script, encoding="utf-8")
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)
-        if not args.rdzv_endpoint:
-            if args.json:
-                print(json.dumps(out))
-            return 0
+        if args.json:
+            print(json.dumps(out))
+        return 0
     if not args.rdzv_endpoint:
         raise PlanError("--rdzv-endpoint HOST:PORT is needed (or --slurm FILE)")
+    parse_endpoint(args.rdzv_endpoint)  # HOST:PORT, a port in 1..65535
     ranks = [args.node_rank] if args.node_rank is not None else list(range(args.nodes))
     if args.run and args.node_rank is None:
         raise PlanError("--run starts one node's agent; give --node-rank R")

@@ -12,6 +12,8 @@ import math
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
+    SearchProgress,
+    check_output_path,
     command_console,
     fmt_flag,
     fmt_gib,
@@ -51,8 +53,9 @@ DEFAULT_BATCH_TOKENS = 4 * 2**20
 
 
 def default_global_batch(cluster, seq_len: int) -> int:
-    """8 sequences on a CPU cluster; else ~4M tokens rounded to a power of two of sequences."""
-    if cluster.default_dtype == "fp32":
+    """8 sequences on a CPU cluster (no NICs: localhost); else ~4M tokens rounded to a power
+    of two of sequences."""
+    if cluster.nics_per_node == 0:
         return 8
     return gpu_global_batch(seq_len)
 
@@ -85,6 +88,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
     require_positive(args, "--top-k", "--prune")
+    check_output_path("--out", args.out)
+    check_output_path("--csv", getattr(args, "csv", None), folder=True)
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)
@@ -92,19 +97,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  getattr(args, "cpu_profile", None))
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
     tokens = train_tokens(args, gb, model.seq_len)
-    console.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
-                  f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
-                  f"{cluster.device.name}), global batch {gb}")
+    # What is searched goes to stderr before the search, the results (and --out) after it:
+    # `| head` then costs no plan file.
+    from rich.console import Console
+    notes = Console(stderr=True)
+    notes.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
+                f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
+                f"{cluster.device.name}), global batch {gb}")
     if cluster.nics_per_node == 0:
-        console.print(profile_line(cluster), highlight=False)
-    with console.status("searching every legal plan ..."):
+        notes.print(profile_line(cluster), highlight=False)
+    with notes.status("searching every legal plan ...") as status:
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
-                        **search_kwargs(args))
+                        progress=SearchProgress(notes, status), **search_kwargs(args))
     if getattr(args, "objective", "throughput") == "goodput":
         result = goodput_ranked(console, result, model, cluster, args)
     if tokens is not None:
         result = train_ranked(console, result, model, cluster, args, tokens)
     ranked, rejected = result.ranked, result.rejected
+    if args.out and not ranked.empty:
+        # written before anything is printed: a reader that stops early (``| head``) does
+        # not cost the plan file
+        from planner.planfile import PlanFile, write_plan_file
+        best = result.best
+        write_plan_file(args.out, PlanFile(
+            model=model, plan=best, prediction=result.predictions[best.id].to_dict(),
+            cluster=cluster_ref(cluster, best, args.cluster)))
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
                                  + list(TRAIN_COLUMNS) if k in ranked]
@@ -144,14 +161,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 row = rejected[kind].iloc[0]
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
     report(console, args, result)
-    if args.out:
-        from planner.planfile import PlanFile, write_plan_file
-        best = result.best
-        pred = result.predictions[best.id]
-        write_plan_file(args.out, PlanFile(
-            model=model, plan=best, prediction=pred.to_dict(),
-            cluster=cluster_ref(cluster, best, args.cluster)))
-        console.print(f"wrote {args.out} ({best.id})")
+    if args.out:  # no legal plan: `best` raises, naming the commonest reasons
+        console.print(f"wrote {args.out} ({result.best.id})")
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
     # blocks them), so this is bad input, exit 2, also with --json.
     return 0 if not ranked.empty else 2

@@ -15,7 +15,7 @@ from apps.format import command_console, fmt_bytes, fmt_pct, fmt_rate, fmt_time_
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from apps.clusters import cluster_of_plan_file, profile_line
+    from apps.clusters import check_plan_dtype, cluster_of_plan_file, profile_line
     from apps.cmd_faults import parse_stragglers
     from planner.flops import attention_flops_per_token, training_flops_per_token
     from planner.planfile import read_plan_file
@@ -23,6 +23,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     console = command_console(args)
     pf = read_plan_file(args.plan)
     cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
+    check_plan_dtype(pf, cluster)
     stragglers = parse_stragglers(getattr(args, "straggler", None))
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
                     stragglers=stragglers)

@@ -13,7 +13,7 @@ import argparse
 import json
 
 from apps.format import command_console, fmt_krate, fmt_pct, print_table
-from planner.spec import PlanError
+from planner.spec import PlanError, did_you_mean
 
 
 def _or(blank: str, fmt):
@@ -76,6 +76,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         _list("--oversubscription", args.oversubscription, float),
                         base=args.base)
     prices = _prices(args.price)
+    grid_types = sorted({p.node_type for p in points})
+    for name in prices:
+        if name not in grid_types:
+            raise PlanError(f"--price {name}=...: {name!r} is not a node type of this sweep"
+                            f"{did_you_mean(name, grid_types)}; its node types: "
+                            f"{', '.join(grid_types)} (--node-types)")
     if args.global_batch is not None and args.global_batch < 1:
         raise PlanError(f"--global-batch={args.global_batch} must be >= 1")
     gb = args.global_batch or gpu_global_batch(model.seq_len)

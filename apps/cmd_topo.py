@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import print_table, write_csv
+from apps.format import check_output_path, print_table, write_csv
 from planner.spec import PlanError
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
         raise PlanError(f"--sizes {args.sizes!r} lists no size; use e.g. 1M,64M,1G")
     if args.ranks is not None and args.ranks < 2:
         raise PlanError(f"--ranks={args.ranks}: a collective needs at least 2 ranks")
+    check_output_path("--csv", args.csv)
     local = args.cluster == "localhost-cpu"
     cluster = _load(args, args.ranks if local else None)
     rows = collective_rows(cluster, op, sizes, None if local else args.ranks,
@@ -135,7 +136,20 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.plan:
         from planner.planfile import read_plan_file
         from simulator.network.placement import placement_report
-        plan = read_plan_file(args.plan).plan
+        pf = read_plan_file(args.plan)
+        plan = pf.plan
+        if plan.world_size != cluster.num_devices:
+            nodes = -(-plan.world_size // cluster.devices_per_node)
+            raise PlanError(
+                f"--plan {args.plan}: {plan.id} runs on {plan.world_size} devices, cluster "
+                f"{cluster.name!r} has {cluster.num_devices}; give the plan's cluster "
+                f"({pf.cluster.name!r}, {pf.cluster.nodes} node(s))"
+                + (f" or --nodes {nodes}" if cluster.nics_per_node and
+                   plan.world_size % cluster.devices_per_node == 0 else ""))
+        if pf.cluster.name != cluster.name:
+            Console(stderr=True, soft_wrap=True).print(
+                f"note: {plan.id} was made for cluster {pf.cluster.name!r}; its placement is "
+                f"shown on {cluster.name!r}", highlight=False)
         # The cp ranks of a group sit innermost in the dp axis (Megatron's tp-cp-dp-pp).
         order = [a for axis in plan.placement
                  for a in (("cp", "dp") if axis == "dp" and plan.cp > 1 else (axis,))]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from apps.format import fmt_pct, fmt_time_s, print_table, write_csv
+from apps.format import check_output_path, fmt_pct, fmt_time_s, print_table, write_csv
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -162,6 +162,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console  # here, not at import: `--help` stays fast
 
     from simulator.validation.validate import validate_runs
+    check_output_path("--csv", getattr(args, "csv", None))
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         if not Path(args.runs).is_file():
             Console(stderr=True).print(f"--runs {args.runs!r}: no such file")

@@ -80,6 +80,54 @@ def command_console(args) -> Console:
     return Console(stderr=bool(getattr(args, "json", False)))
 
 
+class SearchProgress:
+    """A search's ``progress`` callback on a stderr console: the spinner's text on a terminal;
+    elsewhere (a log file, CI) a plain line every `LINE_EVERY_S` seconds, the first after
+    `QUIET_S`, so a short search prints nothing extra."""
+
+    QUIET_S = 5.0
+    LINE_EVERY_S = 15.0
+
+    def __init__(self, console: Console, status=None) -> None:
+        import time
+        self._clock = time.monotonic
+        self.console, self.status = console, status
+        self.start = self._clock()
+        self.next_line = self.start + self.QUIET_S
+
+    def __call__(self, text: str) -> None:
+        now = self._clock()
+        line = f"searching ({now - self.start:.0f} s): {text}"
+        if self.console.is_terminal and self.status is not None:
+            self.status.update(line)
+        elif now >= self.next_line:
+            self.console.print(line, highlight=False, soft_wrap=True)
+            self.next_line = now + self.LINE_EVERY_S
+
+
+def check_output_path(flag: str, path: str | Path | None, *, folder: bool = False) -> None:
+    """Before any work: raise `PlanError` naming ``flag`` when ``path`` cannot be written as a
+    file (``folder`` False) or used as a folder (True): the wrong kind of thing is already
+    there, or the nearest existing parent is not a writable folder. None: nothing to check."""
+    import os
+
+    from planner.spec import PlanError
+    if path is None:
+        return
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise PlanError(f"{flag} {str(path)!r} is a file; {flag} takes a folder (new or "
+                        f"existing): give another path or remove the file")
+    if not folder and path.is_dir():
+        raise PlanError(f"{flag} {str(path)!r} is a folder; {flag} takes a file path")
+    parent = path if folder and path.is_dir() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PlanError(f"{flag} {str(path)!r}: {str(parent)!r} is not a writable folder; "
+                        f"give a path under one")
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Write table rows as CSV in SI units (nested values as JSON); parent folders created."""
     import pandas as pd

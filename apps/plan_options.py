@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.format import fmt_bytes, print_table
-from planner.precision import PLAN_DTYPES
+from planner.precision import DTYPES
 from planner.spec import PlanError
 
 if TYPE_CHECKING:
@@ -41,8 +41,8 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
                     "schedule, recompute, zero_stage, sequence_parallel, placement, ep, etp "
                     "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
-    sp.add_argument("--dtype", choices=(*PLAN_DTYPES, "any"), help="training precision: "
-                    "bf16, or the linear GEMMs in fp8 (delayed scaling), fp8-current "
+    sp.add_argument("--dtype", choices=(*DTYPES, "any"), help="training precision: "
+                    "bf16 (or fp32, tf32, fp16), or the linear GEMMs in fp8 (delayed scaling), fp8-current "
                     "(current scaling), mxfp8 or nvfp4; any: search every one the device "
                     "runs (default: the cluster's, bf16 on GPUs)")
     sp.add_argument("--csv", help="write ranked.csv and rejected.csv into this folder")
@@ -84,6 +84,10 @@ def parse_fixed(items: list[str]) -> SearchSpace:
         name = name.strip().replace("-", "_")
         if not sep or not values:
             raise PlanError(f"--fix {item!r} must look like FIELD=VALUE[,VALUE...]")
+        if name in fixed:
+            given = ",".join(map(str, fixed[name]))
+            raise PlanError(f"--fix {name} given twice ({name}={given} and {name}={values}); "
+                            f"give it once, e.g. --fix {name}={given},{values} to search both")
         fixed[name] = tuple(_value(name, v.strip()) for v in values.split(","))
     from planner.space import SearchSpace
     return SearchSpace.from_fixed(fixed)

@@ -22,7 +22,7 @@ import yaml
 
 from planner import __version__
 from planner.presets import model_from_dict
-from planner.spec import ModelSpec, Plan, PlanError
+from planner.spec import ModelSpec, Plan, PlanError, unknown_fields_message
 
 SCHEMA_VERSION = 1
 
@@ -92,7 +92,7 @@ class ClusterRef:
         data = {k: v for k, v in data.items() if k != "num_devices"}
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise PlanError(f"unknown cluster field(s) {unknown}; known fields are {known}")
+            raise PlanError(unknown_fields_message("cluster", unknown, known))
         if "name" not in data:
             raise PlanError("cluster needs a 'name' (a preset or a cluster file's stem)")
         return cls(**data)
@@ -143,7 +143,7 @@ def plan_from_dict(fields: dict) -> Plan:
     known = {f.name: f for f in dataclasses.fields(Plan)}
     unknown = sorted(set(fields) - set(known))
     if unknown:
-        raise PlanError(f"unknown plan field(s) {unknown}; known fields are {sorted(known)}")
+        raise PlanError(unknown_fields_message("plan", unknown, known))
     missing = [n for n, f in known.items() if n not in fields and f.default is dataclasses.MISSING]
     if missing:
         raise PlanError(f"plan is missing field(s) {missing}")

@@ -43,9 +43,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-from planner.spec import PlanError
+from planner.spec import Dtype, PlanError, did_you_mean
 
 Scaling = Literal["delayed", "current", "block"]
 
@@ -97,8 +97,26 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            needs="FP4 tensor cores (Blackwell)",
            source="NVIDIA 2025, Pretraining LLMs with NVFP4 §3; TE NVFP4BlockScaling"),
 )}
-#: Plan dtypes of `meshplan plan --dtype`, ``any`` searching all a device runs.
+#: Dtypes a search tries for ``meshplan plan --dtype any``: bf16 and the low-precision recipes.
 PLAN_DTYPES = ("bf16", *RECIPES)
+#: Every plan dtype (`planner.spec.Dtype`): the ``--dtype`` choices (with ``any``) and the
+#: values a cluster file's ``default_dtype`` takes.
+DTYPES: tuple[str, ...] = get_args(Dtype)
+#: The dtype of the CPU test bed (gloo runs fp32), the default of a localhost cluster.
+CPU_DTYPE = "fp32"
+
+
+def check_default_dtype(value: object, cluster: str) -> str:
+    """A cluster file's ``default_dtype``: one of `DTYPES`, the ``--dtype`` choices.
+
+    Raises:
+        PlanError: any other value, naming the field and the accepted ones.
+    """
+    if value not in DTYPES:
+        raise PlanError(f"cluster {cluster!r}: default_dtype={value!r} is not one of "
+                        f"{', '.join(DTYPES)}{did_you_mean(str(value), DTYPES)} (the --dtype "
+                        f"choices)")
+    return value
 #: Forward ops of a block that run in the recipe's format (`simulator.step.compute` names).
 LINEAR_GEMMS = ("qkv", "out-proj", "mlp-up", "mlp-down")
 #: Linear GEMM inputs whose cast Transformer Engine fuses into the norm before it
@@ -146,7 +164,7 @@ def unsupported_dtype_reason(dtype: str, device_name: str,
         return None
     r = RECIPES.get(dtype)
     runs = [d for d in PLAN_DTYPES if gemm_peak_key(d) in peak_flops]
-    need = r.needs if r else f"a {dtype} peak"
+    need = r.needs if r else f"{dtype} peak FLOP/s"
     return (f"dtype={dtype}: {device_name} has no {need}; it runs "
             f"{', '.join(runs) or ', '.join(sorted(peak_flops))}; use --dtype "
             f"{runs[-1] if runs else 'bf16'} or a device that has them")

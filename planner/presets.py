@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from planner.spec import ModelSpec, PlanError
+from planner.spec import ModelSpec, PlanError, unknown_fields_message
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -36,7 +36,7 @@ def model_from_dict(fields: dict, name: str = "custom") -> ModelSpec:
     known = {f.name: f for f in dataclasses.fields(ModelSpec)}
     unknown = sorted(set(fields) - set(known))
     if unknown:
-        raise PlanError(f"unknown model field(s) {unknown}; known fields are {sorted(known)}")
+        raise PlanError(unknown_fields_message("model", unknown, known))
     data = {"name": name, **fields}
     missing = [n for n, f in known.items() if n not in data
                and f.default is dataclasses.MISSING]

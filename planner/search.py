@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -33,6 +34,8 @@ REJECTED_COLUMNS = ["id", "reason", "kind"]
 GiB = 2**30
 #: Out-of-memory plans kept as the "closest" answer when nothing fits.
 CLOSEST_KEPT = 5
+#: Candidates (and estimates) between two calls of a search's ``progress``.
+PROGRESS_EVERY = 2000
 #: The SimPy tier simulates at most this many times top_k extra plans (see `refine`).
 EXTRA_REFINE = 2
 #: Plans with more micro-batches per step than this keep their closed-form estimate: SimPy
@@ -162,8 +165,10 @@ def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
 
 def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_batch: int,
            num_devices: int | None, max_devices: int | None, memory_headroom: float,
-           dtype: str, overlap_dp: bool = False, prune: int | None = None):
-    """The analytical tier: ``(screened, rejected, closest, candidates)``.
+           dtype: str, overlap_dp: bool = False, prune: int | None = None,
+           progress: Callable[[str], None] | None = None):
+    """The analytical tier: ``(screened, rejected, closest, candidates)``; ``progress`` (if
+    given) is called with a one-line status every `PROGRESS_EVERY` candidates and estimates.
 
     screened: ``(plan, estimate)`` of every legal plan that fits (with ``prune``, of those
     `prune_by_bound` costs), in enumeration order; rejected: rows with reasons;
@@ -180,6 +185,8 @@ def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_bat
                                      global_batch=global_batch, dtype=dtype,
                                      num_devices=num_devices, max_devices=max_devices):
         candidates += 1
+        if progress is not None and candidates % PROGRESS_EVERY == 0:
+            progress(f"{dtype}: {candidates:,} candidates walked, {len(fitting):,} fit")
         if isinstance(item, Rejection):
             rejected.append({"id": item.id, "reason": item.reason, "kind": item.kind})
             continue
@@ -199,7 +206,11 @@ def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_bat
         fitting.append(item)
     closest = [(-e[0], *e[1:]) for e in sorted(closest, reverse=True)]
     if prune is None:
-        screened = [(p, estimate(model, p, cluster, overlap_dp=overlap_dp)) for p in fitting]
+        screened = []
+        for i, p in enumerate(fitting, start=1):
+            if progress is not None and i % PROGRESS_EVERY == 0:
+                progress(f"{dtype}: estimated {i:,} of {len(fitting):,} plans that fit")
+            screened.append((p, estimate(model, p, cluster, overlap_dp=overlap_dp)))
     else:
         screened = prune_by_bound(model, cluster, fitting, prune, overlap_dp)
     return screened, rejected, closest, candidates
@@ -271,7 +282,8 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
            dtype: str | None = None, micro_batches: tuple[int, ...] | None = None,
            recompute: tuple[str, ...] | None = None, space: SearchSpace | None = None,
            overlap_dp: bool = False, explain: bool = True,
-           prune: int | None = None) -> SearchResult:
+           prune: int | None = None,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
     """Search every plan of ``space`` for ``model`` on ``cluster``; rank by predicted tokens/s.
 
     Args:
@@ -291,6 +303,7 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
             (`prune_by_bound`; at least (1 + `EXTRA_REFINE`) × ``top_k`` are kept so the
             SimPy tier sees the same candidates); the ranked table then holds the plans
             costed, and ``stats["pruned"]`` counts the others. None: cost every plan.
+        progress: called with a one-line status while the search runs (`screen`).
     Returns:
         A `SearchResult`; its ``ranked`` table is sorted best first.
     Raises:
@@ -316,7 +329,8 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
         # (with ``prune``, the best of all dtypes are among the best of each)
         s_dt, r_dt, c_dt, n_dt = screen(
             model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
-            memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp, prune=keep)
+            memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp, prune=keep,
+            progress=progress)
         screened, rejected, candidates = screened + s_dt, rejected + r_dt, candidates + n_dt
         closest = sorted(closest + c_dt, key=lambda e: e[0])[:CLOSEST_KEPT]
     t1, c1 = time.perf_counter(), time.process_time()

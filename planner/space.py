@@ -32,6 +32,8 @@ from planner.spec import (
     balanced_split,
     degrees_text,
     divisors,
+    require_bool,
+    unknown_fields_message,
     zero_bubble_reason,
 )
 
@@ -113,6 +115,18 @@ class SearchSpace:
                 raise PlanError(f"{name}=() allows nothing; give at least one value or None")
             for value in values:
                 _check_value(name, value)
+        if self.schedule is not None and self.virtual_stages is not None and not any(
+                chunks_fit(s, v) for s in self.schedule for v in self.virtual_stages):
+            raise PlanError(
+                f"schedule={_show(self.schedule)} and virtual_stages="
+                f"{_show(self.virtual_stages)} exclude each other: single-chunk schedules have "
+                f"virtual_stages=1, {'/'.join(V_SCHEDULES)} 2, the interleaved ones 2 or more; "
+                f"fix only one of them or a matching pair")
+        if self.dp is not None and max(self.dp) == 1 and self.zero_stage is not None and \
+                0 not in self.zero_stage and (self.cp is None or max(self.cp) == 1):
+            raise PlanError(
+                f"zero_stage={_show(self.zero_stage)} with dp=1: ZeRO shards over the dp*cp "
+                f"ranks and dp=1 leaves one; fix dp > 1 (or cp > 1), or drop the zero_stage fix")
 
     @classmethod
     def from_fixed(cls, fixed: dict[str, object]) -> SearchSpace:
@@ -123,8 +137,7 @@ class SearchSpace:
         """
         unknown = sorted(set(fixed) - set(_FIELDS))
         if unknown:
-            raise PlanError(f"unknown search field(s) {unknown}; known fields are "
-                            f"{list(_FIELDS)}")
+            raise PlanError(unknown_fields_message("search", unknown, _FIELDS))
         data = {}
         for name, value in fixed.items():
             single = isinstance(value, (int, str, bool)) or (
@@ -141,6 +154,21 @@ class SearchSpace:
         return dataclasses.replace(self, **changes)
 
 
+def _show(values: tuple) -> str:
+    return ",".join(map(str, values))
+
+
+def chunks_fit(schedule: str, virtual_stages: int) -> bool:
+    """Whether ``schedule`` runs ``virtual_stages`` model chunks per pipeline rank: one for the
+    single-chunk schedules, two for the V schedules (ZB-V, Qi et al. 2024 §6; DualPipe-V), two
+    or more for the interleaved ones (Narayanan et al. 2021 §2.2)."""
+    if schedule not in MULTI_CHUNK_SCHEDULES:
+        return virtual_stages == 1
+    if schedule in V_SCHEDULES:
+        return virtual_stages == 2
+    return virtual_stages >= 2
+
+
 def _check_value(name: str, value: object) -> None:
     if name == "placement":
         if tuple(sorted(value)) != tuple(sorted(MESH_AXES)):
@@ -148,8 +176,7 @@ def _check_value(name: str, value: object) -> None:
                             f"exactly once, innermost first")
         return
     if name == "sequence_parallel":
-        if not isinstance(value, bool):
-            raise PlanError(f"sequence_parallel={value!r} must be True or False")
+        require_bool(name, value)
         return
     literal = {"schedule": Schedule, "recompute": Recompute, "zero_stage": ZeroStage}.get(name)
     if literal is not None:
@@ -321,17 +348,19 @@ def expert_splits(model: ModelSpec, space: SearchSpace, tp: int, attn: int
 
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:
     # (schedule, virtual_stages) pairs; explicit v values are kept so their rejection shows.
+    # A fixed virtual_stages binds: it drops the schedules that cannot run that many chunks.
     schedules = space.schedule or DEFAULT_SCHEDULES
+    fixed_v = space.virtual_stages
     out = []
     for schedule in schedules:
         if schedule in ZERO_BUBBLE_SCHEDULES and pp == 1:
             continue  # nothing to pipeline
-        if schedule not in MULTI_CHUNK_SCHEDULES:
-            out.append((schedule, 1))
-        elif schedule in V_SCHEDULES:
-            out.append((schedule, 2))  # two chunks per rank in a V, whatever virtual_stages
+        if schedule not in MULTI_CHUNK_SCHEDULES or schedule in V_SCHEDULES:
+            v = 1 if schedule not in MULTI_CHUNK_SCHEDULES else 2  # a V: two chunks per rank
+            if fixed_v is None or v in fixed_v:
+                out.append((schedule, v))
         elif pp > 1:
-            vs = space.virtual_stages or tuple(
+            vs = tuple(v for v in fixed_v if chunks_fit(schedule, v)) if fixed_v else tuple(
                 v for v in range(2, MAX_VIRTUAL_STAGES + 1)
                 if model.num_layers % (pp * v) == 0 or edge_stage_layers(model, pp, v))
             out += [(schedule, v) for v in vs]
@@ -383,6 +412,10 @@ def _split_plans(model: ModelSpec, space: SearchSpace, tp: int, cp: int, pp: int
     zeros = space.zero_stage or (0, 1, 2, 3)
     if dp * cp == 1 and 0 in zeros:
         zeros = (0,)  # nothing to shard over: every ZeRO stage is plain data parallel
+    elif dp * cp == 1:
+        yield Rejection(id=f"{split_id}-zero{zeros[0]}", kind="devices", reason=(
+            f"zero_stage={_show(zeros)} shards over dp*cp ranks and {split_id} has one"))
+        return
     places = space.placement or (DEFAULT_PLACEMENTS if dp > 1 and pp > 1
                                  else (MESH_AXES,))
     rcs = space.recompute or ("none", "selective", "full")

@@ -11,7 +11,9 @@ This module imports nothing from the other meshplan packages.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, get_args
@@ -65,6 +67,50 @@ def _require_positive_int(obj: object, *names: str) -> None:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{name}={value!r} must be a positive integer")
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to a misspelt ``word`` (difflib ratio >= 0.75), or None: the one
+    suggestion rule for misspelt keys and names of every input file and flag."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for `closest`, else ''.
+
+    >>> did_you_mean("num_kv_head", ["num_heads", "num_kv_heads"])
+    " (did you mean 'num_kv_heads'?)"
+    """
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def unknown_fields_message(kind: str, unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``unknown model field(s) ['x'] (did you mean 'y'?); known fields are [...]``."""
+    unknown, known = sorted(unknown), sorted(known)
+    hints = "".join(did_you_mean(str(u), known) for u in unknown)
+    return f"unknown {kind} field(s) {unknown}{hints}; known fields are {known}"
+
+
+def require_bool(name: str, value: object, where: str = "") -> bool:
+    """``value`` if it is a boolean, else `PlanError` naming ``where`` + ``name`` and the value.
+
+    The one check for boolean fields of model, cluster and plan files and of ``--fix``: a
+    YAML file must write ``true`` / ``false`` unquoted (the string ``"false"`` or the number
+    2 would otherwise read as true).
+    """
+    if not isinstance(value, bool):
+        raise PlanError(f"{where}{name}={value!r} must be a boolean: write true or false "
+                        f"(unquoted in YAML)")
+    return value
+
+
+def _require_bool_fields(obj: object) -> None:
+    # every field the dataclass declares as bool (annotations are strings here)
+    for f in dataclasses.fields(obj):
+        if f.type == "bool":
+            require_bool(f.name, getattr(obj, f.name))
 
 
 def _require_choice(obj: object, name: str, literal: object) -> None:
@@ -144,6 +190,7 @@ class ModelSpec:
             self, "num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
             "vocab_size", "seq_len",
         )
+        _require_bool_fields(self)
         _require_choice(self, "activation", Activation)
         _require_choice(self, "norm", Norm)
         _check_moe_fields(self)
@@ -476,6 +523,7 @@ class Plan:
     def __post_init__(self) -> None:
         _require_positive_int(self, "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch",
                               "global_batch", "virtual_stages")
+        _require_bool_fields(self)
         _check_expert_folding(self)
         _require_choice(self, "schedule", Schedule)
         _require_choice(self, "recompute", Recompute)

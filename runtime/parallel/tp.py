@@ -75,8 +75,12 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
                                       output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                       use_local_output=not loss_parallel)
     elif model.out is not None and sp:                       # replicated head: full sequence
+        # the head's weight is a plain tensor here (tied to ``tok``, or V not divisible by
+        # tp): it takes the all-gathered activations as a plain tensor too (every TP rank
+        # then computes the same full logits and the same weight gradient)
         root["out"] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                         desired_input_layouts=(Replicate(),))
+                                         desired_input_layouts=(Replicate(),),
+                                         use_local_output=True)
     if root:
         parallelize_module(model, tp_mesh, root)
     return model

@@ -27,7 +27,8 @@ from typing import NamedTuple
 import networkx as nx
 import yaml
 
-from planner.spec import PlanError
+from planner.precision import CPU_DTYPE, check_default_dtype
+from planner.spec import PlanError, require_bool
 from simulator import PRESET_DIR
 from simulator.network.cluster_keys import check_cluster_keys
 from simulator.network.cpu_profile import CpuProfile, read_profile
@@ -378,10 +379,23 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                         f"{list(INTRA_KINDS)}")
     check_positive("intra.bandwidth_Bps", intra["bandwidth_Bps"], name)
     check_positive("intra.latency_s", intra["latency_s"], name, zero_ok=True)
-    nic = _merged(base["nic"], mapping_field(spec, "nic", name))
-    if "speed_Gbps" in mapping_field(spec, "nic", name):
+    nic_given = mapping_field(spec, "nic", name)
+    if "speed_Gbps" in nic_given and "bandwidth_Bps" in nic_given:
+        raise PlanError(f"cluster {name!r}: nic.speed_Gbps={nic_given['speed_Gbps']!r} and "
+                        f"nic.bandwidth_Bps={nic_given['bandwidth_Bps']!r} both give the NIC "
+                        f"speed; keep one of them")
+    nic = _merged(base["nic"], nic_given)
+    if "speed_Gbps" in nic_given:
         nic["bandwidth_Bps"] = check_positive("nic.speed_Gbps", nic["speed_Gbps"], name) * 1e9 / 8
     nics = check_positive_int("nic.per_node", nic["per_node"], name)
+    if nics > per_node:
+        # each GPU's inter-node traffic goes through one NIC (its rail); more compute NICs
+        # than GPUs (AWS p5: 32 EFA NICs for 8 GPUs) would leave the extra ones unused
+        raise PlanError(f"cluster {name!r}: nic.per_node={nics} is more than the "
+                        f"{per_node} GPUs per node; the model gives each GPU one NIC: give "
+                        f"nic.per_node <= {per_node} with each GPU's total NIC speed (e.g. 4 "
+                        f"x 100 Gb/s per GPU: per_node {per_node}, speed_Gbps 400), and leave "
+                        f"storage / in-band NICs out")
     nic_bw = check_positive("nic.bandwidth_Bps", nic["bandwidth_Bps"], name)
     transports = _fabrics()["transports"]
     if nic.get("transport") not in transports:
@@ -397,13 +411,15 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                transport.get("source", "")]
     return Cluster(name=name, graph=build_gpu_graph(fab, intra), device=device,
                    num_nodes=nodes, devices_per_node=per_node,
-                   default_dtype=spec.get("default_dtype", "bf16"),
+                   default_dtype=check_default_dtype(spec.get("default_dtype", "bf16"), name),
                    nics_per_node=nics, nodes_per_leaf=fab.nodes_per_leaf,
                    oversubscription=fab.oversubscription, node_type=node_type,
                    intra_kind=intra["kind"], intra_bandwidth_Bps=float(intra["bandwidth_Bps"]),
                    intra_latency_s=float(intra["latency_s"]),
                    gpus_per_switch=int(intra.get("gpus_per_switch", per_node)),
-                   in_switch_reduction=bool(intra.get("in_switch_reduction", False)),
+                   in_switch_reduction=require_bool(
+                       "intra.in_switch_reduction", intra.get("in_switch_reduction", False),
+                       f"cluster {name!r}: "),
                    nic_bandwidth_Bps=nic_bw, transport=nic["transport"],
                    topology=fab.topology, tiers=fab.tiers, switch_radix=fab.radix,
                    leaf_uplink_Bps=fab.leaf_uplink_Bps if fab.tiers > 1 else math.inf,
@@ -439,7 +455,7 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
     return Cluster(name=name, graph=g, device=profile or (calibrated.device if calibrated
                                                           else load_device(spec["device"])),
                    num_nodes=1, devices_per_node=ranks,
-                   default_dtype=spec.get("default_dtype", "fp32"),
+                   default_dtype=check_default_dtype(spec.get("default_dtype", CPU_DTYPE), name),
                    compute_share=min(1.0, cores / ranks),
                    collective_latency_s=spec["collective"]["latency_s"] * lat_scale,
                    collective_bandwidth_Bps=spec["collective"]["bandwidth_Bps"] / bw_scale,

@@ -3,9 +3,7 @@ naming it and the known ones instead of a default silently used in its place."""
 
 from __future__ import annotations
 
-import difflib
-
-from planner.spec import PlanError
+from planner.spec import PlanError, closest
 
 #: Known keys per cluster kind: top-level, and per nested section.
 KNOWN_KEYS = {
@@ -32,11 +30,10 @@ KNOWN_KEYS = {
 def _hint(key: str, kind: str) -> str:
     # the closest known key anywhere in the file, with its section
     paths = [f"{s}.{k}" if s else k for s, keys in KNOWN_KEYS[kind].items() for k in keys]
-    close = difflib.get_close_matches(key, [p.rsplit(".", 1)[-1] for p in paths], n=1,
-                                      cutoff=0.75)
-    if not close:
+    close = closest(key, [p.rsplit(".", 1)[-1] for p in paths])
+    if close is None:
         return ""
-    where = [p for p in paths if p.rsplit(".", 1)[-1] == close[0]]
+    where = [p for p in paths if p.rsplit(".", 1)[-1] == close]
     return f" (did you mean {' or '.join(repr(w) for w in where)}?)"
 
 

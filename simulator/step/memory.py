@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from planner.mesh import chunk_rank, rank_chunks
 from planner.precision import recipe, storage_dtype, weight_cache_bytes_per_param
 from planner.spec import DTYPE_BYTES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
-from simulator.step.zb_orders import peak_in_flight, rank_order
+from simulator.step.zb_orders import rank_peak_in_flight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,8 +192,7 @@ def microbatches_in_flight(plan: Plan, stage: int) -> float:
     """
     m, v = plan.num_microbatches, plan.virtual_stages
     if plan.schedule in ZERO_BUBBLE_SCHEDULES:
-        order = rank_order(plan.schedule, plan.pp, m, stage, v)
-        return peak_in_flight(order) / v
+        return rank_peak_in_flight(plan.schedule, plan.pp, m, stage, v) / v
     if plan.schedule == "gpipe":
         return m
     if v == 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from functools import lru_cache
 
 Op = tuple[str, int, int]
 Step = tuple[Op, ...]
@@ -201,6 +202,14 @@ def rank_order(schedule: str, pp: int, m: int, rank: int, v: int = 1) -> list[St
         KeyError: ``schedule`` is not a zero-bubble schedule.
     """
     return ORDERS[schedule](pp, m, rank, v)
+
+
+@lru_cache(maxsize=65536)
+def rank_peak_in_flight(schedule: str, pp: int, m: int, rank: int, v: int = 1) -> int:
+    """`peak_in_flight` of `rank_order`, memoised: a search asks it of the same (schedule,
+    pp, m, rank, v) for every plan that differs only in tp, dp, recomputation or ZeRO, and
+    building the order is O(m·v) steps."""
+    return peak_in_flight(rank_order(schedule, pp, m, rank, v))
 
 
 def peak_in_flight(order: list[Step]) -> int:

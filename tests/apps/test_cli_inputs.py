@@ -118,3 +118,33 @@ def test_a_context_parallel_plan_is_simulated_and_launchable(tmp_path):
 def test_validate_names_a_missing_runs_file(tmp_path):
     proc = _meshplan("validate", "--runs", str(tmp_path / "nothere.csv"))
     assert proc.returncode == 2 and "--runs" in proc.stderr and "no such file" in proc.stderr
+
+
+def test_an_error_is_one_line_and_names_both_fixes_that_exclude_each_other(capsys):
+    # the error console must not wrap: one line however long (80 columns when piped)
+    from apps.cli import main
+    code = main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--fix", "schedule=1f1b", "--fix", "virtual_stages=2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and len(errors[0]) > 80, err
+    assert "schedule=1f1b and virtual_stages=2 exclude each other" in errors[0]
+    assert err.endswith(errors[0] + "\n"), err          # nothing wraps onto a second line
+
+
+def test_output_paths_are_checked_before_the_search(tmp_path, capsys):
+    # --csv takes a folder: an existing file there used to fail only after the whole search
+    from apps.cli import main
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    base = ["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2"]
+    assert main([*base, "--csv", str(afile)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--csv '{afile}' is a file; --csv takes a folder" in err
+    assert "ranked plans" not in err and afile.read_text() == "keep me\n"
+    assert main([*base, "--out", str(tmp_path)]) == 2
+    assert f"--out '{tmp_path}' is a folder" in " ".join(capsys.readouterr().err.split())
+    assert main(["collective", "all_reduce", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--csv", str(afile / "x.csv")]) == 2
+    assert "is not a writable folder" in capsys.readouterr().err

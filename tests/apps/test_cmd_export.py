@@ -126,3 +126,24 @@ def test_export_cli_prints_text_and_reasons(tmp_path, capsys):
     assert tomllib.loads(captured.out)["parallelism"]["tensor_parallel_degree"] == 4
     assert "not expressed in torchtitan: zero_stage=1" in " ".join(captured.err.split())
     assert main(["export", str(path), "--to", "deepspeed", "--steps", "0"]) == 2
+
+
+def test_a_plan_edited_to_a_dtype_its_device_lacks_is_refused_by_export_as_by_simulate(
+        tmp_path, capsys):
+    # A100 has no FP8 tensor cores (NVIDIA A100 datasheet: TF32/BF16/FP16/INT8 only)
+    from apps.cli import main
+    plan = tmp_path / "a100.yaml"
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "dgx-a100", "--nodes", "1",
+                 "--global-batch", "8", "--top-k", "2", "--out", str(plan)]) == 0
+    text = plan.read_text()
+    assert "  dtype: bf16\n" in text
+    plan.write_text(text.replace("  dtype: bf16\n", "  dtype: fp8\n"))
+    capsys.readouterr()
+    errors = []
+    for command in (["simulate", str(plan)], ["export", str(plan), "--to", "megatron"]):
+        assert main(command) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        errors.append(" ".join(captured.err.split()))
+    assert errors[0] == errors[1]
+    assert "dtype=fp8: a100-sxm-80gb has no FP8 tensor cores" in errors[0]

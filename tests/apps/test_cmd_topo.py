@@ -89,3 +89,16 @@ def test_collective_csv_has_the_json_rows(tmp_path, capsys):
     table = pd.read_csv(path)
     assert list(table["size_bytes"]) == [r["size_bytes"] for r in rows] == [2**20, 64 * 2**20]
     assert list(table["busbw_Bps"]) == pytest.approx([r["busbw_Bps"] for r in rows])
+
+
+def test_topo_checks_the_plan_fits_the_cluster_and_notes_another_cluster(tmp_path, capsys):
+    # tp8 x pp2 x dp4 = 64 devices: 8 DGX nodes of 8 GPUs
+    plan = Plan(tp=8, pp=2, dp=4, micro_batch=1, global_batch=8)
+    path = write_plan_file(tmp_path / "p.yaml", PlanFile(
+        model=load_model("llama3-8b"), plan=plan, cluster=ClusterRef(name="dgx-h100", nodes=8)))
+    assert main(["topo", "dgx-h100", "--nodes", "4", "--plan", str(path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "runs on 64 devices, cluster 'dgx-h100' has 32" in err and "--nodes 8" in err
+    assert main(["topo", "dgx-a100", "--nodes", "8", "--plan", str(path), "--json"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "was made for cluster 'dgx-h100'; its placement is shown on 'dgx-a100'" in err

@@ -113,16 +113,25 @@ def test_two_node_run_end_to_end(dp2_plan, tmp_path):
 
 def test_launch_cli_prints_every_node_and_writes_sbatch(dp2_plan, tmp_path):
     script = tmp_path / "train.sbatch"
-    proc = subprocess.run([sys.executable, "-m", "apps.cli", "launch", str(dp2_plan),
-                           "--nodes", "2", "--rdzv-endpoint", "127.0.0.1:29555", "--json",
-                           "--slurm", str(script)], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    def launch(*args):
+        return subprocess.run([sys.executable, "-m", "apps.cli", "launch", str(dp2_plan),
+                               "--nodes", "2", *args], capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+
+    proc = launch("--rdzv-endpoint", "127.0.0.1:29555", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert [c["node_rank"] for c in data["commands"]] == [0, 1]
     assert data["commands"][1]["argv"][-9:-7] == ["--rdzv-id", "tp1-pp1-dp2-mb2-gb4"]
     assert "--nproc-per-node 1" in data["commands"][0]["line"]
-    assert "#SBATCH --nodes=2" in script.read_text()
+    proc = launch("--slurm", str(script), "--port", "29555", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"slurm": str(script)}
+    assert "#SBATCH --nodes=2" in script.read_text() and "29555" in script.read_text()
+    # the README gives them as alternatives: the script picks its own rendezvous host
+    both = launch("--rdzv-endpoint", "head:29500", "--slurm", str(tmp_path / "x.sbatch"))
+    assert both.returncode == 2 and not (tmp_path / "x.sbatch").exists()
+    assert "and --rdzv-endpoint exclude each other" in both.stderr
     bad = subprocess.run([sys.executable, "-m", "apps.cli", "launch", str(dp2_plan), "--nodes",
                           "3", "--rdzv-endpoint", "h:1"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)

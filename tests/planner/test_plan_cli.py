@@ -52,3 +52,35 @@ def test_bad_fix_exits_2():
     proc = _meshplan("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fix", "tp")
     assert proc.returncode == 2
     assert "--fix 'tp' must look like FIELD=VALUE" in proc.stderr
+
+
+def test_the_plan_file_is_written_before_a_reader_that_stops_early(tmp_path):
+    # `meshplan plan ... --out x.yaml | head -1`: the reader leaves after the first line
+    out = tmp_path / "x.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "apps.cli", "plan", "--model", "tiny-gpt",
+                             "--cluster", "localhost-cpu", "--ranks", "2", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert b"Traceback" not in err
+    assert "plan:" in out.read_text()
+
+
+def test_a_long_search_reports_progress_on_stderr(monkeypatch, capsys):
+    # every 10 candidates here (2,000 by default); off a terminal a plain line each time the
+    # quiet period is over (set to 0 s): the counts only grow
+    import planner.search
+    from apps.cli import main
+    from apps.format import SearchProgress
+    monkeypatch.setattr(planner.search, "PROGRESS_EVERY", 10)
+    monkeypatch.setattr(SearchProgress, "QUIET_S", 0.0)
+    monkeypatch.setattr(SearchProgress, "LINE_EVERY_S", 0.0)
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--top", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("searching (")]
+    assert lines and "searching (" not in captured.out
+    walked = [int(ln.split(": ")[2].split()[0].replace(",", "")) for ln in lines
+              if "candidates walked" in ln]
+    assert walked == sorted(walked) and walked[0] == 10

@@ -81,9 +81,10 @@ def test_global_batch_in_tokens(h100x16):
 
 def test_at_most_n_devices(h100x16):
     r = search(load_model("llama3-8b"), h100x16, global_batch=24, max_devices=12,
-               space=SearchSpace(recompute=("full",), zero_stage=(1,)), top_k=3)
+               space=SearchSpace(recompute=("full",), zero_stage=(0, 1)), top_k=3)
     sizes = r.ranked["tp"] * r.ranked["pp"] * r.ranked["dp"]
-    # 8B needs 16 B/param = 128 GB of states: one 80 GB device cannot hold it, two can.
+    # 8B needs 16 B/param = 128 GB of states: one 80 GB device cannot hold it, two can (tp2
+    # or pp2 at dp=1, where ZeRO has nothing to shard: zero 0)
     assert sizes.max() <= 12 and sizes.min() == 2 and sizes.nunique() >= 4
     assert (24 % r.ranked["dp"] == 0).all()
 

@@ -70,7 +70,8 @@ def test_interleaved_refuses_9_microbatches_on_4_stages():
     assert rejected["tp1-pp4-dp1-mb1-gb9-v2"].reason == (
         "schedule='interleaved-1f1b' needs the micro-batch count (9) to be a multiple of pp=4")
     # With 1F1B the same 9 micro-batches are fine.
-    plans, _ = _walk(model, space.replace(schedule=("1f1b",)), devices=4, global_batch=9)
+    plans, _ = _walk(model, space.replace(schedule=("1f1b",), virtual_stages=(1,)), devices=4,
+                     global_batch=9)
     assert plans and all(p.num_microbatches == 9 for p in plans)
 
 
@@ -134,3 +135,23 @@ def test_non_default_placement_is_in_the_plan_id():
     plan = Plan(tp=2, pp=4, dp=8, micro_batch=1, global_batch=512)
     assert plan.id == "tp2-pp4-dp8-mb1-gb512"
     assert plan.replace(placement=("tp", "pp", "dp")).id == "tp2-pp4-dp8-mb1-gb512-place.tp.pp.dp"
+
+
+def test_a_field_fixed_twice_is_refused_naming_it():
+    from apps.plan_options import parse_fixed
+    with pytest.raises(PlanError, match=r"--fix tp given twice \(tp=8 and tp=4\); give it once, "
+                                        r"e.g. --fix tp=8,4"):
+        parse_fixed(["tp=8", "tp=4"])
+
+
+def test_zero_needs_more_than_one_data_parallel_rank():
+    # ZeRO partitions optimizer state, gradients and parameters over the dp ranks (Rajbhandari
+    # et al. 2020 §5): with dp = cp = 1 there is nothing to shard over
+    with pytest.raises(PlanError, match=r"zero_stage=3 with dp=1: ZeRO shards over the dp\*cp"):
+        SearchSpace(zero_stage=(3,), dp=(1,))
+    SearchSpace(zero_stage=(3,), dp=(1,), cp=(2,))  # the cp ranks shard it
+    plans, rejected = _walk(load_model("tiny-gpt"), SearchSpace(tp=(1,), zero_stage=(3,)),
+                            devices=2, global_batch=8)
+    assert plans and {p.dp for p in plans} == {2}
+    assert rejected["tp1-pp2-dp1-zero3"].reason == (
+        "zero_stage=3 shards over dp*cp ranks and tp1-pp2-dp1 has one")

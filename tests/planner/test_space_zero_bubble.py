@@ -1,8 +1,10 @@
 """The zero-bubble schedules in the search space, counted by hand."""
 
+import pytest
+
 from planner.presets import load_model
 from planner.space import Rejection, SearchSpace, enumerate_candidates
-from planner.spec import Plan
+from planner.spec import Plan, PlanError
 
 
 def _walk(space, *, devices, global_batch):
@@ -49,3 +51,23 @@ def test_zb_h2_is_rejected_with_the_reason():
     assert plans == []
     assert rejected["tp1-pp2-dp1-mb1-gb4-v1-zb-h2"].startswith(
         "schedule='zb-h2' is simulated only")
+
+
+def test_a_fixed_virtual_stages_binds_the_schedules():
+    # ZB-V and DualPipe-V run two chunks per rank by definition (Qi et al. 2024 §6): a fix of
+    # virtual_stages=1 leaves only the single-chunk schedules, a fix of 2 only the multi-chunk ones
+    plans, _ = _walk(SearchSpace(tp=(1,), pp=(2,), virtual_stages=(1,)), devices=2,
+                     global_batch=4)
+    assert plans and {p.virtual_stages for p in plans} == {1}
+    assert not {p.schedule for p in plans} & {"zb-v", "dualpipe-v", "interleaved-1f1b"}
+    plans, _ = _walk(SearchSpace(tp=(1,), pp=(2,), virtual_stages=(2,)), devices=2,
+                     global_batch=4)
+    assert plans and {p.virtual_stages for p in plans} == {2}
+
+
+def test_a_schedule_and_virtual_stages_that_exclude_each_other_are_refused():
+    with pytest.raises(PlanError, match=r"schedule=1f1b and virtual_stages=2 exclude each other"):
+        SearchSpace(schedule=("1f1b",), virtual_stages=(2,))
+    with pytest.raises(PlanError, match=r"schedule=zb-v and virtual_stages=1"):
+        SearchSpace(schedule=("zb-v",), virtual_stages=(1,))
+    SearchSpace(schedule=("1f1b", "zb-v"), virtual_stages=(1,))  # 1f1b takes v = 1

@@ -98,3 +98,38 @@ def test_head_dim_must_divide():
     with pytest.raises(PlanError, match="hidden=100 is not divisible by num_heads=3"):
         ModelSpec(name="x", num_layers=1, hidden=100, num_heads=3, num_kv_heads=3,
                   ffn_hidden=400, vocab_size=10, seq_len=8, activation="gelu")
+
+
+@pytest.mark.parametrize("value", ["false", "nope", 2, 0, None])
+def test_boolean_fields_of_model_plan_and_cluster_files_take_only_booleans(value):
+    # YAML reads unquoted true/false as booleans; anything else ("false" quoted, 2) would be
+    # truthy or falsy by accident
+    from planner.planfile import plan_from_dict
+    from planner.presets import model_from_dict
+    from simulator.network.cluster import cluster_from_spec
+    fields = dict(num_layers=2, hidden=64, num_heads=4, num_kv_heads=4, ffn_hidden=256,
+                  vocab_size=128, seq_len=16, activation="gelu", norm="layernorm")
+    with pytest.raises(PlanError, match=rf"tied_embeddings={value!r} must be a boolean"):
+        model_from_dict({**fields, "tied_embeddings": value})
+    with pytest.raises(PlanError, match=rf"sequence_parallel={value!r} must be a boolean"):
+        plan_from_dict({"tp": 2, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 1,
+                        "sequence_parallel": value})
+    with pytest.raises(PlanError, match=rf"'c': intra.in_switch_reduction={value!r} must be"):
+        cluster_from_spec("c", {"kind": "gpu", "node_type": "dgx-h100", "nodes": 1,
+                                "fabric": {"switch_radix": 64},
+                                "intra": {"in_switch_reduction": value}})
+    assert model_from_dict({**fields, "tied_embeddings": False}).tied_embeddings is False
+
+
+def test_a_misspelt_model_field_gets_a_suggestion_like_a_cluster_key(tmp_path):
+    # the user's Llama-style file with num_kv_head for num_kv_heads
+    path = tmp_path / "m.yaml"
+    path.write_text("num_layers: 2\nhidden: 64\nnum_heads: 4\nnum_kv_head: 2\nffn_hidden: 256\n"
+                    "vocab_size: 128\nseq_len: 16\nactivation: gelu\nnorm: layernorm\n")
+    with pytest.raises(PlanError, match=r"unknown model field\(s\) \['num_kv_head'\] \(did you "
+                                        r"mean 'num_kv_heads'\?\); known fields are \["):
+        load_model(str(path))
+    from planner.planfile import plan_from_dict
+    with pytest.raises(PlanError, match=r"\['zero_stages'\] \(did you mean 'zero_stage'\?\)"):
+        plan_from_dict({"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 1,
+                        "zero_stages": 1})

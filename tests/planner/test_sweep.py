@@ -87,3 +87,13 @@ def test_cli_sweep_json_and_bad_input():
     assert {p["node_type"] for p in data["points"]} == {"dgx-a100", "dgx-h100"}
     bad = sweep("--gpus", "8,x")
     assert bad.returncode == 2 and "--gpus='8,x' must be a comma-separated list" in bad.stderr
+
+
+def test_a_price_for_a_node_type_outside_the_grid_is_refused_with_a_suggestion(capsys):
+    from apps.cli import main
+    code = main(["sweep", "--model", "tiny-gpt", "--tokens", "1e9", "--gpus", "8",
+                 "--node-types", "dgx-a100,dgx-h100", "--price", "dgx-h101=3.0"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2
+    assert ("--price dgx-h101=...: 'dgx-h101' is not a node type of this sweep (did you mean "
+            "'dgx-h100'?); its node types: dgx-a100, dgx-h100") in err

@@ -68,7 +68,9 @@ def run_and_compare(write_plan, tmp_path, name, plan, reference_state, *, model=
 
 @pytest.mark.parametrize("name, changes", [
     pytest.param("dp2", {"dp": 2}, id="dp2"),
-    pytest.param("tp2", {"tp": 2}, id="tp2"),
+    # plain TP paths run in the fast suite as tp2-dp2 (vocabulary-parallel head) and
+    # tp2-sp-tied (replicated head): this one only in the slow suite
+    pytest.param("tp2", {"tp": 2}, id="tp2", marks=pytest.mark.slow),
     # 4 micro-batches of 2 through 2 stages
     pytest.param("pp2-1f1b", {"pp": 2, "schedule": "1f1b"}, id="pp2-1f1b"),
 ])
@@ -263,3 +265,13 @@ def test_sequence_parallel_under_cp_needs_tp_to_divide_the_local_tokens(write_pl
     assert result.returncode == 2
     assert "seq_len/cp = 10 tokens of a rank over tp=4" in result.stderr
     assert "multiple of cp*tp = 8" in result.stderr
+
+
+def test_tied_embeddings_under_tp2_with_sequence_parallel_match_single_process(
+        write_plan, tiny_model, tiny_plan, tmp_path):
+    # tied: tok/out stay replicated, so the head takes the all-gathered (B, T, h) activations
+    # of the sequence-parallel norm and must see them as a plain tensor, like its weight
+    model = tiny_model(tied_embeddings=True)
+    plan = tiny_plan(tp=2, sequence_parallel=True)
+    run_and_compare(write_plan, tmp_path, "tp2-sp-tied", plan, reference_run(model, plan, STEPS),
+                    model=model)

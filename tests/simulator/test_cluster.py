@@ -1,6 +1,7 @@
 """Cluster presets, topology and load errors."""
 
 import os
+import re
 
 import pytest
 
@@ -89,3 +90,42 @@ def test_scale_links_scales_every_edge():
     fast = cluster.scale_links(bandwidth=10.0)
     assert fast.link(0, 8).bandwidth_Bps == 250e9
     assert cluster.link(0, 8).bandwidth_Bps == 25e9
+
+
+@pytest.mark.parametrize("nic, message", [
+    ({"speed_Gbps": 400, "bandwidth_Bps": 25.0e9},
+     "nic.speed_Gbps=400 and nic.bandwidth_Bps=25000000000.0 both give the NIC speed; keep one"),
+    # GPU i uses NIC i*per_node//8: NICs 1, 3, 5... would carry nothing
+    ({"per_node": 16}, "nic.per_node=16 is more than the 8 GPUs per node"),
+])
+def test_nic_fields_that_contradict_each_other_or_the_model_are_refused(nic, message):
+    from simulator.network.cluster import cluster_from_spec
+    with pytest.raises(PlanError, match=re.escape(message)):
+        cluster_from_spec("c", {"kind": "gpu", "node_type": "dgx-h100", "nodes": 2,
+                                "nic": nic, "fabric": {"switch_radix": 64}})
+
+
+def test_a_cluster_default_dtype_is_one_of_the_dtype_choices():
+    # one accepted set, planner.spec.Dtype, for the cluster file and for --dtype
+    from apps.cli import build_parser
+    from planner.precision import DTYPES
+    from simulator.network.cluster import cluster_from_spec
+    spec = {"kind": "gpu", "node_type": "dgx-h100", "fabric": {"switch_radix": 64}}
+    with pytest.raises(PlanError, match=re.escape(
+            "cluster 'c': default_dtype='bf17' is not one of fp32, tf32, bf16, fp16, fp8, "
+            "fp8-current, mxfp8, nvfp4 (did you mean 'bf16'?) (the --dtype choices)")):
+        cluster_from_spec("c", {**spec, "default_dtype": "bf17"})
+    assert cluster_from_spec("c", {**spec, "default_dtype": "fp16"}).default_dtype == "fp16"
+    dtype_flag = next(a for a in build_parser()._subparsers._group_actions[0].choices["plan"]
+                      ._actions if "--dtype" in a.option_strings)
+    assert tuple(dtype_flag.choices) == (*DTYPES, "any")
+
+
+def test_the_default_global_batch_follows_the_cluster_kind_not_its_dtype():
+    # 8 sequences on the CPU test bed; ~4M tokens (512 x 8192) on GPUs, fp32 or not
+    from apps.cmd_plan import default_global_batch
+    from simulator.network.cluster import cluster_from_spec
+    gpu32 = cluster_from_spec("c", {"kind": "gpu", "node_type": "dgx-h100", "default_dtype":
+                                    "fp32", "fabric": {"switch_radix": 64}})
+    assert default_global_batch(gpu32, 8192) == 512
+    assert default_global_batch(load_cluster("localhost-cpu"), 8192) == 8

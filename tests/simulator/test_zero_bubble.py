@@ -180,3 +180,13 @@ def test_zb_h2_is_never_planned_or_run():
     with pytest.raises(PlanError, match="torch.distributed.pipelining has no ZB-H2 schedule"):
         check_runnable(plan)
     assert "simulated only" in ZB_H2_REASON
+
+
+def test_the_memoised_peak_is_the_peak_of_the_order():
+    # ZB-H1 rank 0 holds pp micro-batches at its peak, as 1F1B (Qi et al. 2024, Table 2)
+    from simulator.step.zb_orders import peak_in_flight, rank_order, rank_peak_in_flight
+    assert rank_peak_in_flight("zb-h1", 4, 8, 0) == 4
+    for schedule, v in (("zb-h1", 1), ("interleaved-zb", 2), ("zb-v", 2), ("dualpipe-v", 2)):
+        for rank in range(4):
+            assert rank_peak_in_flight(schedule, 4, 8, rank, v) == \
+                peak_in_flight(rank_order(schedule, 4, 8, rank, v))
