@@ -142,14 +142,6 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(0, 1)
 
 
-def _scores(q_blk, kt_blk, bias, scale):
-    """S = scale · q kᵀ (+ bias) as one batched GEMM: (B·Hk, R, d) x (B·Hk, d, bk)."""
-    if bias is None:
-        return torch.bmm(q_blk, kt_blk).mul_(scale) if scale != 1.0 else torch.bmm(q_blk,
-                                                                                   kt_blk)
-    return torch.baddbmm(bias, q_blk, kt_blk, alpha=scale)
-
-
 class TiledAttention(torch.autograd.Function):
     """FlashAttention-2 forward/backward in PyTorch (Dao 2023, Algorithms 1 and 2).
 
@@ -216,9 +208,9 @@ def _forward(qr, k, v, causal, block_q, block_k, scale, groups):
     """Algorithm 1 on rows (fp32, or fp64 for fp64 inputs): qr (B, Hk, N·g, d), k/v
     (B, Hk, M, d) -> (o (B, Hk, N·g, d), lse (B, Hk, N·g)), both in qr's dtype.
 
-    Every tile is one batched GEMM over a share of the B·Hk heads (`_over_heads`); the scale
-    and the causal mask of a diagonal tile are folded into it (``baddbmm``'s alpha and additive
-    input), and the output accumulates in place in a contiguous block (``baddbmm_``).
+    Every tile is one batched GEMM over a share of the B·Hk heads (`_over_heads`) with Q scaled
+    once per query block and the causal mask of a diagonal tile as the GEMM's additive input;
+    the output accumulates in place in a contiguous block (``baddbmm_``).
     """
     o = torch.empty(qr.shape, dtype=qr.dtype, device=qr.device)           # (B, Hk, N·g, d)
     lse = torch.empty(qr.shape[:3], dtype=qr.dtype, device=qr.device)     # (B, Hk, N·g)
@@ -238,14 +230,15 @@ def _forward_tiles(q3, kt3, v3, o3, lse3, causal, block_q, block_k, scale, group
     for qs in range(0, n, block_q):
         qe = min(qs + block_q, n)
         rows = slice(qs * groups, qe * groups)
-        q_blk = q3[:, rows]                                    # (h, R, d), R = bq·g
+        q_blk = q3[:, rows] * scale                            # Q·scale: (h, R, d), R = bq·g
         row_max = row_sum = None                               # (h, R)
         # contiguous: an in-place baddbmm_ into a strided view runs one GEMM per head
         acc = torch.empty(q_blk.shape, dtype=q3.dtype, device=q3.device)   # (h, R, d)
         for ks in _key_blocks(qs, qe, m, block_k, causal):
             ke = min(ks + block_k, m)
-            s = _scores(q_blk, kt3[:, :, ks:ke], masks(qs, qe, ks, ke) if causal else None,
-                        scale)                                           # (h, R, bk)
+            mask = masks(qs, qe, ks, ke) if causal else None
+            s = (torch.bmm(q_blk, kt3[:, :, ks:ke]) if mask is None
+                 else torch.baddbmm(mask, q_blk, kt3[:, :, ks:ke]))      # S: (h, R, bk)
             tile_max = s.amax(dim=-1)                                    # (h, R)
             if row_max is None:                                # first tile: nothing to rescale
                 row_max = tile_max
