@@ -34,8 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 #: Default tile sizes of the PyTorch path, measured on a 2-core AVX-512 CPU (fp32, d=64,
-#: 8 heads): a (8, 256, 128) fp32 score tile is 1 MiB, so a tile and its P / dS companions stay
-#: in a 2 MiB L2; 512-row tiles spill to L3 and were 1.3–1.8x slower per tile at 1k–4k.
+#: 8 heads): a (heads, 256, 128) fp32 score tile is 1 MiB at 8 heads (512 KiB at the 4 heads of
+#: one of 2 threads), so a tile and its P / dS companions stay in a 2 MiB L2; 512-row tiles
+#: spill to L3 and made fwd+bwd 1.3–1.8x slower at 1k–4k.
 BLOCK_Q = 256
 BLOCK_K = 128
 
