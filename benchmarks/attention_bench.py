@@ -4,8 +4,10 @@
         [--head-dim 64] [--batch 1] [--dtype fp32] [--threads 2] [--repeats 2] [--no-causal]
 
 For each sequence length and implementation it prints the best-of-``repeats`` forward and
-forward+backward times (s) and the peak bytes of tensors allocated during forward+backward
-(inputs excluded): ``torch.cuda.max_memory_allocated`` on CUDA, `runtime.memtrack` elsewhere.
+forward+backward times (s), the implementations interleaved within each repeat so that all of
+them see the same machine load (the load average is printed before and after), and the peak
+bytes of tensors allocated during forward+backward (inputs excluded):
+``torch.cuda.max_memory_allocated`` on CUDA, `runtime.memtrack` elsewhere.
 "ours" is `runtime.attention.flash_attention` (the Triton kernel on CUDA when Triton is
 installed), "sdpa" is ``F.scaled_dot_product_attention``, "naive" materialises the (N, N)
 matrix (skipped above ``--naive-max-seq``, where it needs tens of GiB).
@@ -153,24 +155,30 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     causal = not args.no_causal
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"device={device.type} dtype={args.dtype} batch={args.batch} heads={args.heads} "
-          f"head_dim={args.head_dim} causal={causal} threads={args.threads}")
+          f"head_dim={args.head_dim} causal={causal} threads={args.threads} "
+          f"repeats={args.repeats} load average={load}")
     print(f"{'seq':>6} {'impl':>6} {'fwd_s':>8} {'fwd_bwd_s':>10} {'peak_MiB':>9} "
           f"{'time_vs_sdpa':>12} {'mem_vs_naive':>12}")
     for n in map(int, args.seqs.split(",")):
         q, k, v = random_qkv(args, n, device)
-        rows = {}
-        for name, fn in IMPLS.items():
-            if name == "naive" and n > args.naive_max_seq:
-                continue
-            fwd = time_s(fn, q, k, v, causal, False, args.repeats)
-            both = time_s(fn, q, k, v, causal, True, args.repeats)
-            rows[name] = (fwd, both, peak_bytes(fn, q, k, v, causal))
+        impls = {name: fn for name, fn in IMPLS.items()
+                 if name != "naive" or n <= args.naive_max_seq}
+        best = {name: [float("inf"), float("inf")] for name in impls}
+        for _ in range(args.repeats):         # interleaved: every impl sees the same load
+            for name, fn in impls.items():
+                for i, backward in enumerate((False, True)):
+                    best[name][i] = min(best[name][i],
+                                        time_s(fn, q, k, v, causal, backward, 1))
+        rows = {name: (*best[name], peak_bytes(fn, q, k, v, causal))
+                for name, fn in impls.items()}
         for name, (fwd, both, peak) in rows.items():
             vs_sdpa = both / rows["sdpa"][1]
             vs_naive = f"{peak / rows['naive'][2]:.3f}" if "naive" in rows else "-"
             print(f"{n:>6} {name:>6} {fwd:>8.3f} {both:>10.3f} {peak / 2**20:>9.1f} "
                   f"{vs_sdpa:>12.2f} {vs_naive:>12}", flush=True)
+    print("load average after: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     if args.cp:
         ring_rows(args, device)
 

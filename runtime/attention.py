@@ -29,12 +29,15 @@ M key length, d head dim.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-#: Default tile sizes of the PyTorch path, measured on a 2-core AVX2 CPU (fp32, d=64): larger
-#: query tiles amortise the Python loop, 128-key tiles keep each tile in cache.
-BLOCK_Q = 512
+#: Default tile sizes of the PyTorch path, measured on a 2-core AVX-512 CPU (fp32, d=64,
+#: 8 heads): a (heads, 256, 128) fp32 score tile is 1 MiB at 8 heads (512 KiB at the 4 heads of
+#: one of 2 threads), so a tile and its P / dS companions stay in a 2 MiB L2; 512-row tiles
+#: spill to L3 and made fwd+bwd 1.3–1.8x slower at 1k–4k.
+BLOCK_Q = 256
 BLOCK_K = 128
 
 
@@ -108,14 +111,36 @@ def _key_blocks(q_start: int, q_end: int, m: int, block_k: int, causal: bool) ->
     return range(0, stop, block_k)
 
 
-def _tile_mask(q_start: int, q_end: int, k_start: int, k_end: int, groups: int,
-               device: torch.device) -> torch.Tensor | None:
-    """(R, bk) bool mask of the masked-out (key after query) entries, or None if none are."""
-    if k_end - 1 <= q_start:                                  # tile wholly on/below diagonal
-        return None
-    q_pos = torch.arange(q_start, q_end, device=device).repeat_interleave(groups)   # (R,)
-    k_pos = torch.arange(k_start, k_end, device=device)                             # (bk,)
-    return k_pos[None, :] > q_pos[:, None]                                          # (R, bk)
+class _CausalBias:
+    """Additive causal masks (0 where key <= query, -inf after) of the tiles that cross the
+    diagonal, as (R, bk) tensors broadcast over the batch of heads; tiles wholly on or below
+    the diagonal get None (no mask). A mask depends only on the tile's shape and on the offset
+    of its first key from its first query, so each distinct one is built once per call."""
+
+    def __init__(self, groups: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.groups, self.dtype, self.device = groups, dtype, device
+        self.cache: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def __call__(self, q_start: int, q_end: int, k_start: int, k_end: int
+                 ) -> torch.Tensor | None:
+        if k_end - 1 <= q_start:                              # wholly on/below the diagonal
+            return None
+        key = (k_start - q_start, q_end - q_start, k_end - k_start)
+        bias = self.cache.get(key)
+        if bias is None:
+            q_pos = torch.arange(q_end - q_start, device=self.device).repeat_interleave(
+                self.groups)                                                      # (R,)
+            k_pos = torch.arange(k_start - q_start, k_end - q_start, device=self.device)
+            bias = torch.zeros(q_pos.numel(), k_pos.numel(), dtype=self.dtype,
+                               device=self.device)
+            bias.masked_fill_(k_pos[None, :] > q_pos[:, None], -math.inf)       # (R, bk)
+            self.cache[key] = bias
+        return bias
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, Hk, L, ...) -> (B·Hk, L, ...) as a view (the batched-matmul layout)."""
+    return x.flatten(0, 1)
 
 
 class TiledAttention(torch.autograd.Function):
@@ -145,62 +170,145 @@ class TiledAttention(torch.autograd.Function):
                 None, None, None, None)
 
 
+def _over_heads(work, bh: int) -> None:
+    """Run ``work(lo, hi)`` over the heads [0, bh) of the (B·Hk, ...) layout, split evenly over
+    ``torch.get_num_threads()`` threads, each running its tiles single-threaded.
+
+    Why not torch's intra-op threads: every tile op would fork and join the whole thread team
+    (thousands of joins per call, each waiting for the slowest thread, which on a loaded machine
+    is often descheduled); splitting the heads gives one join per call, as SDPA's CPU kernel
+    has (one parallel loop over batch, heads and query blocks). The torch ops release the GIL,
+    so the Python threads overlap. ``torch.set_num_threads`` is process-wide, so it is 1 for
+    the duration of the call and restored after.
+    """
+    threads = torch.get_num_threads()
+    workers = min(threads, bh)
+    if workers <= 1:
+        work(0, bh)
+        return
+    bounds = [bh * i // workers for i in range(workers + 1)]
+    grad = torch.is_grad_enabled()                             # grad mode is per thread
+
+    def worker(lo: int, hi: int) -> None:
+        with torch.set_grad_enabled(grad):
+            work(lo, hi)
+
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers - 1) as pool:
+            futures = [pool.submit(worker, bounds[i], bounds[i + 1])
+                       for i in range(1, workers)]
+            work(bounds[0], bounds[1])
+            for future in futures:
+                future.result()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _forward(qr, k, v, causal, block_q, block_k, scale, groups):
     """Algorithm 1 on rows (fp32, or fp64 for fp64 inputs): qr (B, Hk, N·g, d), k/v
-    (B, Hk, M, d) -> (o (B, Hk, N·g, d), lse (B, Hk, N·g)), both in qr's dtype."""
-    n, m = qr.shape[2] // groups, k.shape[2]
-    o = torch.empty_like(qr)                                   # (B, Hk, N·g, d)
+    (B, Hk, M, d) -> (o (B, Hk, N·g, d), lse (B, Hk, N·g)), both in qr's dtype.
+
+    Every tile is one batched GEMM over a share of the B·Hk heads (`_over_heads`) with Q scaled
+    once per query block and the causal mask of a diagonal tile as the GEMM's additive input;
+    the output accumulates in place in a contiguous block (``baddbmm_``).
+    """
+    o = torch.empty(qr.shape, dtype=qr.dtype, device=qr.device)           # (B, Hk, N·g, d)
     lse = torch.empty(qr.shape[:3], dtype=qr.dtype, device=qr.device)     # (B, Hk, N·g)
-    kt = k.transpose(2, 3)                                     # (B, Hk, d, M)
-    for qs in range(0, n, block_q):
-        qe = min(qs + block_q, n)
-        q_blk = qr[:, :, qs * groups:qe * groups]              # (B, Hk, R, d), R = bq·g
-        row_max = torch.full(q_blk.shape[:3], -math.inf, dtype=qr.dtype, device=qr.device)
-        row_sum = torch.zeros_like(row_max)                    # (B, Hk, R)
-        acc = torch.zeros_like(q_blk)                          # (B, Hk, R, d)
-        for ks in _key_blocks(qs, qe, m, block_k, causal):
-            ke = min(ks + block_k, m)
-            s = torch.matmul(q_blk, kt[..., ks:ke]).mul_(scale)        # (B, Hk, R, bk)
-            mask = _tile_mask(qs, qe, ks, ke, groups, qr.device) if causal else None
-            if mask is not None:
-                s.masked_fill_(mask, -math.inf)
-            new_max = torch.maximum(row_max, s.amax(dim=-1))           # (B, Hk, R)
-            p = s.sub_(new_max.unsqueeze(-1)).exp_()                   # (B, Hk, R, bk)
-            alpha = torch.exp(row_max - new_max)                       # (B, Hk, R)
-            row_sum.mul_(alpha).add_(p.sum(dim=-1))
-            acc.mul_(alpha.unsqueeze(-1)).add_(torch.matmul(p, v[:, :, ks:ke]))
-            row_max = new_max
-        o[:, :, qs * groups:qe * groups] = acc / row_sum.unsqueeze(-1)
-        lse[:, :, qs * groups:qe * groups] = row_max + torch.log(row_sum)
+    q3, o3, lse3 = _heads(qr), _heads(o), _heads(lse)
+    kt3, v3 = _heads(k).transpose(1, 2), _heads(v)            # (B·Hk, d, M), (B·Hk, M, d)
+    _over_heads(lambda lo, hi: _forward_tiles(q3[lo:hi], kt3[lo:hi], v3[lo:hi], o3[lo:hi],
+                                              lse3[lo:hi], causal, block_q, block_k, scale,
+                                              groups), q3.shape[0])
     return o, lse
 
 
+def _forward_tiles(q3, kt3, v3, o3, lse3, causal, block_q, block_k, scale, groups):
+    """`_forward`'s tile loop on heads (h, ...): q3 (h, N·g, d), kt3 (h, d, M), v3 (h, M, d);
+    writes o3 (h, N·g, d) and lse3 (h, N·g)."""
+    n, m = q3.shape[1] // groups, v3.shape[1]
+    masks = _CausalBias(groups, q3.dtype, q3.device) if causal else None
+    for qs in range(0, n, block_q):
+        qe = min(qs + block_q, n)
+        rows = slice(qs * groups, qe * groups)
+        q_blk = q3[:, rows] * scale                            # Q·scale: (h, R, d), R = bq·g
+        row_max = row_sum = None                               # (h, R)
+        # contiguous: an in-place baddbmm_ into a strided view runs one GEMM per head
+        acc = torch.empty(q_blk.shape, dtype=q3.dtype, device=q3.device)   # (h, R, d)
+        for ks in _key_blocks(qs, qe, m, block_k, causal):
+            ke = min(ks + block_k, m)
+            mask = masks(qs, qe, ks, ke) if causal else None
+            s = (torch.bmm(q_blk, kt3[:, :, ks:ke]) if mask is None
+                 else torch.baddbmm(mask, q_blk, kt3[:, :, ks:ke]))      # S: (h, R, bk)
+            tile_max = s.amax(dim=-1)                                    # (h, R)
+            if row_max is None:                                # first tile: nothing to rescale
+                row_max = tile_max
+                p = s.sub_(row_max.unsqueeze(-1)).exp_()
+                row_sum = p.sum(dim=-1)
+                torch.bmm(p, v3[:, ks:ke], out=acc)
+                continue
+            new_max = torch.maximum(row_max, tile_max)
+            p = s.sub_(new_max.unsqueeze(-1)).exp_()                     # (h, R, bk)
+            alpha = row_max.sub_(new_max).exp_()                         # (h, R)
+            row_sum.mul_(alpha).add_(p.sum(dim=-1))
+            acc.mul_(alpha.unsqueeze(-1)).baddbmm_(p, v3[:, ks:ke])
+            row_max = new_max
+        torch.div(acc, row_sum.unsqueeze(-1), out=o3[:, rows])
+        torch.add(row_max, row_sum.log_(), out=lse3[:, rows])
+
+
 def _backward(qr, k, v, o, lse, dor, causal, block_q, block_k, scale, groups):
-    """Algorithm 2 on fp32 rows; returns dq (B, Hk, N·g, d), dk and dv (B, Hk, M, d)."""
-    n, m = qr.shape[2] // groups, k.shape[2]
-    delta = (dor * o).sum(dim=-1)                              # D: (B, Hk, N·g)
-    dq = torch.zeros_like(qr)                                  # (B, Hk, N·g, d)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)          # (B, Hk, M, d)
+    """Algorithm 2 on fp32 rows; returns dq (B, Hk, N·g, d), dk and dv (B, Hk, M, d).
+
+    Per tile: ``S − L`` is one GEMM with the log-sum-exp as its additive input (plus the causal
+    mask on diagonal tiles), ``dP − D`` likewise with D, the scale rides in the GEMMs' alpha,
+    and dV, dK, dQ accumulate in place (``baddbmm_``): two elementwise passes (exp, times P).
+    The heads are split over the threads as in `_forward`.
+    """
+    neg_delta = (dor * o).sum(dim=-1).neg_().unsqueeze(-1)   # −D: (B, Hk, N·g, 1)
+    neg_lse = lse.neg().unsqueeze(-1)                         # −L: (B, Hk, N·g, 1)
+    dq = torch.empty_like(qr)                                  # (B, Hk, N·g, d)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)          # (B, Hk, M, d)
+    t = [_heads(x) for x in (qr, k, v, dor, neg_lse, neg_delta, dq, dk, dv)]
+    _over_heads(lambda lo, hi: _backward_tiles(*(x[lo:hi] for x in t), causal, block_q,
+                                               block_k, scale, groups), t[0].shape[0])
+    return dq, dk, dv
+
+
+def _backward_tiles(q3, k3, v3, do3, nl3, nd3, dq3, dk3, dv3, causal, block_q, block_k,
+                    scale, groups):
+    """`_backward`'s tile loop on heads (h, ...): q3/do3 (h, N·g, d), k3/v3 (h, M, d), −L and
+    −D (h, N·g, 1); writes dq3 (h, N·g, d), dk3 and dv3 (h, M, d)."""
+    n, m = q3.shape[1] // groups, k3.shape[1]
+    h, rows_q = q3.shape[0], block_q * groups
+    # Accumulators are contiguous (an in-place baddbmm_ into a strided view runs one GEMM per
+    # head): dQ block-major, one (h, R, d) block per query tile, reordered once at the end.
+    n_qb = -(-n // block_q)
+    dq_blocks = torch.zeros(n_qb, h, rows_q, q3.shape[2], dtype=q3.dtype, device=q3.device)
+    masks = _CausalBias(groups, q3.dtype, q3.device) if causal else None
     for ks in range(0, m, block_k):
         ke = min(ks + block_k, m)
-        k_blk, v_blk = k[:, :, ks:ke], v[:, :, ks:ke]          # (B, Hk, bk, d)
-        dk_blk, dv_blk = dk[:, :, ks:ke], dv[:, :, ks:ke]      # views: accumulate in place
+        kt_blk, vt_blk = k3[:, ks:ke].transpose(1, 2), v3[:, ks:ke].transpose(1, 2)
+        k_blk = k3[:, ks:ke]                                   # (h, bk, d)
+        dk_blk = torch.zeros(k_blk.shape, dtype=q3.dtype, device=q3.device)
+        dv_blk = torch.zeros_like(dk_blk)                      # (h, bk, d)
         first = (ks // block_q) * block_q if causal else 0     # query tiles above: masked
         for qs in range(first, n, block_q):
             qe = min(qs + block_q, n)
             rows = slice(qs * groups, qe * groups)
-            q_blk, do_blk = qr[:, :, rows], dor[:, :, rows]    # (B, Hk, R, d)
-            s = torch.matmul(q_blk, k_blk.transpose(2, 3)).mul_(scale)   # (B, Hk, R, bk)
-            mask = _tile_mask(qs, qe, ks, ke, groups, qr.device) if causal else None
+            q_blk, do_blk = q3[:, rows], do3[:, rows]          # (h, R, d)
+            bias = nl3[:, rows]                                # (h, R, 1)
+            mask = masks(qs, qe, ks, ke) if causal else None
             if mask is not None:
-                s.masked_fill_(mask, -math.inf)
-            p = s.sub_(lse[:, :, rows].unsqueeze(-1)).exp_()             # P: (B, Hk, R, bk)
-            dv_blk.add_(torch.matmul(p.transpose(2, 3), do_blk))         # (B, Hk, bk, d)
-            dp = torch.matmul(do_blk, v_blk.transpose(2, 3))             # (B, Hk, R, bk)
-            ds = dp.sub_(delta[:, :, rows].unsqueeze(-1)).mul_(p).mul_(scale)   # dS·scale
-            dq[:, :, rows].add_(torch.matmul(ds, k_blk))                 # (B, Hk, R, d)
-            dk_blk.add_(torch.matmul(ds.transpose(2, 3), q_blk))         # (B, Hk, bk, d)
-    return dq, dk, dv
+                bias = bias + mask                             # (h, R, bk)
+            p = torch.baddbmm(bias, q_blk, kt_blk, alpha=scale).exp_()   # P: (h, R, bk)
+            dv_blk.baddbmm_(p.transpose(1, 2), do_blk)                    # (h, bk, d)
+            ds = torch.baddbmm(nd3[:, rows], do_blk, vt_blk).mul_(p)     # dS = P (dP − D)
+            dq_blocks[qs // block_q, :, :rows.stop - rows.start].baddbmm_(ds, k_blk,
+                                                                          alpha=scale)
+            dk_blk.baddbmm_(ds.transpose(1, 2), q_blk, alpha=scale)      # (h, bk, d)
+        dk3[:, ks:ke], dv3[:, ks:ke] = dk_blk, dv_blk
+    dq3.copy_(dq_blocks.transpose(0, 1).reshape(h, n_qb * rows_q, -1)[:, :n * groups])
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
