@@ -139,7 +139,8 @@ class _CausalBias:
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, Hk, L, ...) -> (B·Hk, L, ...) as a view (the batched-matmul layout)."""
+    """(B, Hk, L, ...) -> (B·Hk, L, ...) (the batched-matmul layout): a view of a contiguous
+    tensor (what the outputs written through it must be), a copy of a strided input."""
     return x.flatten(0, 1)
 
 
@@ -267,8 +268,11 @@ def _backward(qr, k, v, o, lse, dor, causal, block_q, block_k, scale, groups):
     """
     neg_delta = (dor * o).sum(dim=-1).neg_().unsqueeze(-1)   # −D: (B, Hk, N·g, 1)
     neg_lse = lse.neg().unsqueeze(-1)                         # −L: (B, Hk, N·g, 1)
-    dq = torch.empty_like(qr)                                  # (B, Hk, N·g, d)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)          # (B, Hk, M, d)
+    # contiguous, whatever the inputs' strides: the tiles write through `_heads` views, and a
+    # strided (B > 1, transposed) tensor would flatten to a copy, leaving these unwritten
+    dq = torch.empty(qr.shape, dtype=qr.dtype, device=qr.device)   # (B, Hk, N·g, d)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)      # (B, Hk, M, d)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     t = [_heads(x) for x in (qr, k, v, dor, neg_lse, neg_delta, dq, dk, dv)]
     _over_heads(lambda lo, hi: _backward_tiles(*(x[lo:hi] for x in t), causal, block_q,
                                                block_k, scale, groups), t[0].shape[0])

@@ -54,6 +54,26 @@ def test_fp32_matches_sdpa_at_odd_lengths(n, causal):
     check_against_sdpa(2, 4, 4, n, 24, causal, torch.float32, FP32_TOL, block_q=96, block_k=40)
 
 
+def test_strided_inputs_of_several_sequences_match_sdpa():
+    # the model passes (B, T, H, d) projections transposed to (B, H, T, d): not contiguous,
+    # and with B > 1 their heads do not flatten to a view; gradients against float64 SDPA
+    g = torch.Generator().manual_seed(5)
+    b, n, h, hk, d = 3, 70, 4, 2, 16
+    q, k, v, do = (torch.randn(b, n, hh, d, generator=g).transpose(1, 2)
+                   for hh in (h, hk, hk, h))
+    assert not q.is_contiguous()
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=True, enable_gqa=True)
+    ref.backward(do.double())
+    leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*(t.transpose(1, 2) for t in leaves), causal=True,
+                          block_q=32, block_k=16)
+    out.backward(do)
+    assert_close_rel(out.detach(), ref.detach(), FP32_TOL, "o")
+    for name, ours, want in zip("qkv", leaves, ref_in, strict=True):
+        assert_close_rel(ours.grad.transpose(1, 2), want.grad, FP32_TOL, f"d{name}")
+
+
 @pytest.mark.parametrize("n", [17, 1000])
 def test_grouped_query_attention_matches_sdpa(n):
     check_against_sdpa(1, 6, 2, n, 16, True, torch.float32, FP32_TOL, block_q=64, block_k=48)
