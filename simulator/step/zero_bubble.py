@@ -224,14 +224,21 @@ def _timeline(costs: list[StageCosts], schedule: str, m: int,
         progress = False
         for r in range(pp):
             steps, i = ranks[r], nxt[r]
-            while i < len(steps):
+            n_steps = len(steps)
+            while i < n_steps:
                 step, needs, makes = steps[i]
-                if any(key not in ready for key in needs):
+                start = free[r]                        # the latest of free and every input
+                for key in needs:
+                    arrived = ready.get(key)
+                    if arrived is None:
+                        break
+                    if arrived > start:
+                        start = arrived
+                else:
+                    arrived = start
+                if arrived is None:                    # an input not made yet: wait
                     break
                 c, x = single[step[0][:2]] if len(step) == 1 else step_times(costs, step)
-                start = free[r]
-                for key in needs:
-                    start = max(start, ready[key])
                 end = start + c + x
                 first[r] = start if first[r] is None else first[r]
                 free[r], compute[r], comm[r], i = end, compute[r] + c, comm[r] + x, i + 1
