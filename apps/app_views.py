@@ -27,7 +27,7 @@ from planner.mesh import group_ranks, mesh_strides  # noqa: E402
 from planner.planfile import PlanFile, check_runnable  # noqa: E402
 from planner.presets import load_model, model_from_dict  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
-from simulator.network.cluster import Cluster, load_cluster  # noqa: E402
+from simulator.network.cluster import Cluster, cluster_from_spec, load_cluster  # noqa: E402
 from simulator.step.simulate import StepPrediction  # noqa: E402
 
 #: Ranked-table columns shown to people, with human units (the library's are SI).
@@ -83,10 +83,13 @@ def model_from_inputs(source: str, *, preset: str, custom: dict | None = None,
     return model.replace(seq_len=seq_len) if seq_len else model
 
 
-def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int = 4,
-                        uploaded: str | None = None, cpu_profile: str | None = None) -> Cluster:
+def cluster_from_inputs(source: str, *, preset: str, nodes: int | None = 1, ranks: int = 4,
+                        uploaded: str | None = None, cpu_profile: str | None = None,
+                        uploaded_name: str | None = None) -> Cluster:
     """The cluster the sidebar describes: a preset with its size, or an uploaded YAML text.
 
+    An upload is named after its file (``uploaded_name``'s stem, else 'uploaded') and keeps
+    its own size (``nodes`` / ``default_nodes``, `load_cluster`) unless ``nodes`` is given.
     ``cpu_profile`` is the localhost-cpu preset's profile as ``--cpu-profile`` takes it (a
     file, 'none', or None: the newest in the default folder; `apps.clusters`).
 
@@ -97,12 +100,10 @@ def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int 
         if not uploaded:
             raise PlanError("choose a cluster YAML file to upload, or pick a preset")
         spec = parse_yaml_mapping(uploaded, "cluster")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "uploaded.yaml"
-            path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-            local = spec.get("kind") == "localhost"
-            return load_cluster(str(path), nodes=None if local else nodes,
-                                ranks=ranks if local else None)
+        name = Path(uploaded_name).stem if uploaded_name else "uploaded"
+        local = spec.get("kind") == "localhost"
+        return cluster_from_spec(name, spec, nodes=None if local else nodes,
+                                 ranks=ranks if local else None)
     if preset == "localhost-cpu":
         return cluster_from_flags(preset, None, ranks, cpu_profile)
     return load_cluster(preset, nodes=nodes)

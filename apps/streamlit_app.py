@@ -43,6 +43,11 @@ def _read_upload(key: str) -> str | None:
     return upload.getvalue().decode("utf-8") if upload is not None else None
 
 
+def _upload_name(key: str) -> str | None:
+    upload = st.session_state.get(key)
+    return upload.name if upload is not None else None
+
+
 def sidebar_inputs() -> dict:
     """Every input widget (each with a stable key); returns their values."""
     sb = st.sidebar
@@ -73,7 +78,11 @@ def sidebar_inputs() -> dict:
     if csource == "upload":
         sb.file_uploader("cluster YAML (one preset entry's fields)", type=["yaml", "yml"],
                          key="cluster_file")
-    nodes = int(sb.number_input("nodes", min_value=1, value=2, step=1, key="nodes"))
+    if csource == "upload":  # 0: the file's own nodes (or default_nodes)
+        nodes = int(sb.number_input("nodes (0 = the file's own)", min_value=0, value=0,
+                                    step=1, key="upload_nodes")) or None
+    else:
+        nodes = int(sb.number_input("nodes", min_value=1, value=2, step=1, key="nodes"))
     ranks = int(sb.number_input("ranks (localhost-cpu)", min_value=1, value=4, step=1,
                                 key="ranks"))
     cpu_profile = sb.text_input("CPU profile (localhost-cpu; empty: the newest, 'none')",
@@ -97,6 +106,7 @@ def sidebar_inputs() -> dict:
             "seq_len": seq, "cluster_source": csource, "cluster_preset": cpreset,
             "nodes": nodes, "ranks": ranks, "cpu_profile": cpu_profile or None,
             "cluster_text": _read_upload("cluster_file") if csource == "upload" else None,
+            "cluster_file_name": _upload_name("cluster_file") if csource == "upload" else None,
             "global_batch": gb, "micro_batches": tuple(sorted(mbs)),
             "recompute": tuple(rcs), "num_devices": devices or None,
             "memory_headroom": float(headroom), "top_k": top_k}
@@ -112,7 +122,8 @@ def build_cluster(inputs: dict, bandwidth: float = 1.0, latency: float = 1.0):
     cluster = views.cluster_from_inputs(inputs["cluster_source"],
                                         preset=inputs["cluster_preset"], nodes=inputs["nodes"],
                                         ranks=inputs["ranks"], uploaded=inputs["cluster_text"],
-                                        cpu_profile=inputs["cpu_profile"])
+                                        cpu_profile=inputs["cpu_profile"],
+                                        uploaded_name=inputs["cluster_file_name"])
     if bandwidth != 1.0 or latency != 1.0:
         cluster = cluster.scale_links(bandwidth=bandwidth, latency=latency)
     return cluster

@@ -53,6 +53,18 @@ def test_uploaded_cluster_yaml_is_loaded_like_a_preset_file():
     assert cluster.name == "uploaded" and cluster.num_devices == 24
 
 
+def test_uploaded_cluster_keeps_its_own_name_and_node_count():
+    # a 4-node DGX H100 file: 4 servers x 8 GPUs = 32 devices (the preset's 8 per node)
+    spec = yaml.safe_load((PRESET_DIR / "clusters.yaml").read_text())["dgx-h100"]
+    text = yaml.safe_dump({**spec, "nodes": 4})
+    cluster = views.cluster_from_inputs("upload", preset="dgx-h100", nodes=None,
+                                        uploaded=text, uploaded_name="my-pod.yaml")
+    assert cluster.name == "my-pod" and cluster.num_nodes == 4 and cluster.num_devices == 32
+    # a size typed in the sidebar still overrides the file's
+    assert views.cluster_from_inputs("upload", preset="dgx-h100", nodes=2, uploaded=text,
+                                     uploaded_name="my-pod.yaml").num_devices == 16
+
+
 def test_step_breakdown_adds_up_to_the_step(traced):
     *_, pred = traced
     parts = views.step_breakdown(pred).set_index("part")["seconds"]
