@@ -215,8 +215,19 @@ def memory_frame(pred: StepPrediction) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def memory_chart(pred: StepPrediction, device_memory_bytes: float) -> alt.LayerChart:
-    """Stacked bars of memory per stage with the device's memory as a rule."""
+def memory_limits(device_memory_bytes: float, memory_headroom: float = 1.0) -> pd.DataFrame:
+    """The memory chart's rules (limit, GiB): the device's memory and the usable part a plan
+    must fit in, ``memory_headroom`` × device memory (the search's rule,
+    `planner.search.out_of_memory_reason`)."""
+    return pd.DataFrame({"limit": ["device memory", "usable limit"],
+                         "GiB": [device_memory_bytes / GiB,
+                                 memory_headroom * device_memory_bytes / GiB]})
+
+
+def memory_chart(pred: StepPrediction, device_memory_bytes: float,
+                 memory_headroom: float = 1.0) -> alt.LayerChart:
+    """Stacked bars of memory per stage, with the device's memory (grey) and the usable limit
+    (red, `memory_limits`) as rules."""
     df = memory_frame(pred)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("stage:O", title="pipeline stage"),
@@ -224,9 +235,13 @@ def memory_chart(pred: StepPrediction, device_memory_bytes: float) -> alt.LayerC
         color=alt.Color("part:N", sort=["weights", "gradients", "optimizer", "activations",
                                         "overhead"]),
         tooltip=["stage", "part", alt.Tooltip("GiB:Q", format=".2f")])
-    limit = alt.Chart(pd.DataFrame({"GiB": [device_memory_bytes / GiB]})).mark_rule(
-        color="red", strokeDash=[6, 3]).encode(y="GiB:Q")
-    return alt.layer(bars, limit).properties(height=260)
+    limits = alt.Chart(memory_limits(device_memory_bytes, memory_headroom)).mark_rule(
+        strokeDash=[6, 3], strokeWidth=2).encode(
+        y="GiB:Q",
+        stroke=alt.Stroke("limit:N", scale=alt.Scale(domain=["device memory", "usable limit"],
+                                                     range=["grey", "red"]), title=None),
+        tooltip=["limit", alt.Tooltip("GiB:Q", format=".1f")])
+    return alt.layer(bars, limits).resolve_scale(color="independent").properties(height=260)
 
 
 def _event_kind(stream: str, name: str) -> str:

@@ -204,7 +204,7 @@ def custom_plan(inputs: dict, model, cluster, default: Plan | None) -> Plan | No
     return plan
 
 
-def breakdown_view(pred, cluster) -> None:
+def breakdown_view(pred, cluster, memory_headroom: float) -> None:
     """Step-time breakdown, MFU / HFU and memory per stage against device memory."""
     c = st.columns(5)
     c[0].metric("step time", f"{pred.step_time_s * 1e3:,.1f} ms")
@@ -218,9 +218,12 @@ def breakdown_view(pred, cluster) -> None:
     st.dataframe(parts.round({"ms": 2, "share_pct": 1}).drop(columns="seconds"),
                  hide_index=True)
     st.subheader("Memory per pipeline stage (one rank)")
-    st.altair_chart(views.memory_chart(pred, cluster.device.memory_bytes), width="stretch")
-    st.caption(f"dashed line: device memory {cluster.device.memory_bytes / views.GiB:.1f} GiB "
-               f"({cluster.device.name})")
+    st.altair_chart(views.memory_chart(pred, cluster.device.memory_bytes, memory_headroom),
+                    width="stretch")
+    device_gib = cluster.device.memory_bytes / views.GiB
+    st.caption(f"red: usable limit {memory_headroom * device_gib:.1f} GiB "
+               f"({100 * memory_headroom:.0f}% of the device, the search's limit); grey: "
+               f"device memory {device_gib:.1f} GiB ({cluster.device.name})")
 
 
 def timeline_view(pred) -> None:
@@ -347,7 +350,7 @@ def main() -> None:
         pred = cached_simulate(inputs_json, json.dumps(dataclasses.asdict(plan)))
     with tabs[1]:
         st.markdown(f"**{plan.id}**")
-        breakdown_view(pred, cluster)
+        breakdown_view(pred, cluster, inputs["memory_headroom"])
     with tabs[2]:
         timeline_view(pred)
     with tabs[3]:

@@ -91,6 +91,19 @@ def test_gantt_frame_has_one_row_per_event_up_to_the_limit(traced):
     assert views.gantt_chart(frame).to_dict()["mark"]["type"] == "bar"
 
 
+def test_memory_chart_draws_the_usable_limit(traced):
+    _, cluster, _, pred = traced
+    # H100 SXM: 80 GB = 80e9 B = 74.5 GiB; 0.9 of it usable = 67.1 GiB
+    limits = views.memory_limits(cluster.device.memory_bytes, 0.9).set_index("limit")["GiB"]
+    assert limits["device memory"] == pytest.approx(80e9 / 2**30)
+    assert limits["usable limit"] == pytest.approx(0.9 * 80e9 / 2**30)
+    spec = views.memory_chart(pred, cluster.device.memory_bytes, 0.9).to_dict()
+    rules = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rule"]
+    assert len(rules) == 1
+    data = spec["datasets"][rules[0]["data"]["name"]]
+    assert sorted(row["GiB"] for row in data) == pytest.approx(sorted(limits))
+
+
 def test_cluster_figure_draws_every_device(traced):
     _, cluster, plan, _ = traced
     fig = views.cluster_figure(cluster, plan)
