@@ -37,6 +37,9 @@ DISPLAY_COLUMNS = {"id": "plan", "tp": "tp", "pp": "pp", "dp": "dp", "micro_batc
                    "mfu_pct": "MFU %", "hfu_pct": "HFU %", "memory_gib": "mem/rank (GiB)",
                    "schedule": "schedule", "virtual_stages": "v", "zero_stage": "zero",
                    "placement": "placement", "tier": "tier"}
+#: Ranked-table columns of one short value (a degree, a flag), drawn narrow so that all
+#: columns fit a 1,440 px window beside the sidebar instead of scrolling sideways.
+NARROW_COLUMNS = ("tp", "pp", "dp", "mb", "sp", "v", "zero", "tier")
 #: Sort keys of the ranked table: label -> (column, ascending by default).
 SORT_KEYS = {"tokens/s": ("tokens_per_s", False), "step time": ("step_time_s", True),
              "MFU": ("mfu", False), "memory per rank": ("peak_memory_bytes", True)}

@@ -170,8 +170,9 @@ def plans_view(result) -> str | None:
     text = c4.text_input("plan id contains", key="filter_text")
     sort_by = c5.selectbox("sort by", list(views.SORT_KEYS), key="sort_by")
     shown = views.filter_ranked(ranked, tp=tp, pp=pp, recompute=rc, text=text, sort_by=sort_by)
+    narrow = {c: st.column_config.Column(width="small") for c in views.NARROW_COLUMNS}
     st.dataframe(views.ranked_for_display(shown), hide_index=True, width="stretch",
-                 key="ranked_table")
+                 column_config=narrow, key="ranked_table")
     st.caption(f"{len(shown)} of {len(ranked)} legal plans shown")
     with st.expander(f"Rejected plans ({len(result.rejected)})"):
         st.dataframe(views.reason_counts(result.rejected), hide_index=True)

@@ -184,3 +184,14 @@ def test_every_widget_has_a_stable_key():
     widgets = [w for kind in kinds for w in getattr(at, kind)]
     assert len(widgets) > 30
     assert all(w.key for w in widgets), [w.label for w in widgets if not w.key]
+
+
+def test_ranked_table_draws_its_one_value_columns_narrow():
+    # 17 columns beside the sidebar overflow a 1,440 px window at Streamlit's default widths;
+    # the degree and flag columns are drawn "small" so the table fits
+    at = _app()
+    table = next(df for df in at.dataframe if "plan" in df.value.columns)
+    config = json.loads(table.proto.columns)
+    shown = [c for c in ("tp", "pp", "dp", "mb", "sp", "zero") if c in table.value.columns]
+    assert len(shown) >= 5
+    assert all(config[c]["width"] == "small" for c in shown)
