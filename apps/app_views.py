@@ -125,6 +125,24 @@ def ranked_for_display(ranked: pd.DataFrame) -> pd.DataFrame:
         {"step time (ms)": 1, "tokens/s": 0, "MFU %": 1, "HFU %": 1, "mem/rank (GiB)": 1})
 
 
+def in_display_units(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the library's SI columns in the explorer's units: ``*_bytes`` in GiB,
+    seconds (``*_s``, not rates ``*_per_s``) in ms, ``rel_error`` in %; the unit goes in
+    the header ("peak_memory (GiB)")."""
+    out = {}
+    for col in df.columns:
+        name = str(col)
+        if name.endswith("_bytes"):
+            out[f"{name.removesuffix('_bytes')} (GiB)"] = (df[col] / GiB).round(2)
+        elif name.endswith("_s") and not name.endswith("_per_s"):
+            out[f"{name.removesuffix('_s')} (ms)"] = (df[col] * 1e3).round(3)
+        elif name == "rel_error":
+            out["error (%)"] = (100 * df[col]).round(1)
+        else:
+            out[name] = df[col]
+    return pd.DataFrame(out, index=df.index)
+
+
 def best_table(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The ``n`` best plans as text with units, indexed by plan id (a compact summary)."""
     head = ranked.head(n)

@@ -283,8 +283,7 @@ def measured_view() -> None:
                 "`meshplan compare` or `meshplan run` writes them")
         return
     st.altair_chart(views.measured_chart(df), width="stretch")
-    st.dataframe(df.assign(rel_error_pct=100 * df["rel_error"]).drop(columns="rel_error"),
-                 hide_index=True)
+    st.dataframe(views.in_display_units(df), hide_index=True)
 
 
 def downloads_view(model, plan: Plan, cluster, pred) -> None:
@@ -336,7 +335,8 @@ def main() -> None:
             if inf is not None:  # `planner.infeasible`: what comes closest, what blocks
                 st.warning(f"no plan fits: {inf.summary}")
                 if not inf.closest.empty:
-                    st.dataframe(inf.closest, hide_index=True, width="stretch")
+                    st.dataframe(views.in_display_units(inf.closest), hide_index=True,
+                                 width="stretch")
                 st.markdown("\n".join(f"- blocked by {line}" for line in inf.blocking))
             st.dataframe(result.rejected, hide_index=True, width="stretch")
             return

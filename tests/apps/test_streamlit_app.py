@@ -107,9 +107,11 @@ def test_predicted_vs_measured_reads_a_results_folder(tmp_path):
              "measured_step_time_s": 0.125, "rel_error": -0.2}]
     (tmp_path / "compare.json").write_text(json.dumps({"rows": rows, "mape": 0.2}))
     at = _app(results_dir=str(tmp_path))
-    measured = next(df.value for df in at.dataframe if "measured_step_time_s" in df.value)
+    measured = next(df.value for df in at.dataframe if "measured_step_time (ms)" in df.value)
     assert measured["id"].tolist() == ["tp1-pp1-dp2-mb1-gb8"]
-    assert measured["rel_error_pct"].iloc[0] == pytest.approx(-20.0)
+    # the chart's unit: 0.125 s = 125 ms; (0.10 - 0.125) / 0.125 = -20 %
+    assert measured["measured_step_time (ms)"].iloc[0] == pytest.approx(125.0)
+    assert measured["error (%)"].iloc[0] == pytest.approx(-20.0)
 
 
 def test_empty_results_folder_says_how_to_make_one(tmp_path):
@@ -155,6 +157,11 @@ def test_no_legal_plan_lists_the_commonest_reasons():
     # pp=4: 31, 32, 32, 31) it is a middle one
     assert re.search(r"out of memory: stage \d+ needs", at.error[0].value)
     assert at.warning and at.warning[0].value.startswith("no plan fits:")
+    # the closest plans in GiB, not bytes: each needs more than the usable 76e9 B = 70.8 GiB
+    closest = next(df.value for df in at.dataframe if "usable (GiB)" in df.value)
+    assert not [c for c in closest.columns if c.endswith("_bytes")]
+    assert closest["usable (GiB)"].iloc[0] == pytest.approx(0.95 * 80e9 / 2**30, abs=0.01)
+    assert (closest["peak_memory (GiB)"] > closest["usable (GiB)"]).all()
 
 
 def test_localhost_cluster_uses_ranks():
