@@ -408,32 +408,45 @@ def goodput_curve_chart(curve: pd.DataFrame) -> alt.Chart:
 
 
 def measured_results(folder: str | Path) -> pd.DataFrame:
-    """Predicted and measured step times found under ``folder``.
+    """Predicted and measured step times found under ``folder``, one row per run.
 
     Reads every ``compare.json`` (its rows) and every ``summary.json`` of a run that carries
-    its plan's prediction; columns id, source, predicted_step_time_s, measured_step_time_s,
-    rel_error.
+    its plan's prediction; a run of a compare sweep (``<compare folder>/<row id>/``) is listed
+    once, from compare.json. Columns id, source (the run's folder), predicted_step_time_s,
+    measured_step_time_s, rel_error.
     """
     folder = Path(folder)
     rows: list[dict] = []
+    listed: set[Path] = set()
     if folder.is_dir():
         for path in sorted(folder.rglob("compare.json")):
             for row in json.loads(path.read_text()).get("rows", []):
-                rows.append({"id": row["id"], "source": str(path.relative_to(folder)),
+                run = path.parent / row["id"]
+                listed.add(run.resolve())
+                rows.append({"id": row["id"], "source": run.relative_to(folder).as_posix(),
                              "predicted_step_time_s": row["predicted_step_time_s"],
                              "measured_step_time_s": row["measured_step_time_s"]})
         for path in sorted(folder.rglob("summary.json")):
+            if path.parent.resolve() in listed:
+                continue
             summary = json.loads(path.read_text())
             pred = summary.get("prediction") or {}
             if "step_time_s" in pred and "step_time_s" in summary:
                 rows.append({"id": summary.get("plan_id", path.parent.name),
-                             "source": str(path.relative_to(folder)),
+                             "source": path.parent.relative_to(folder).as_posix(),
                              "predicted_step_time_s": pred["step_time_s"],
                              "measured_step_time_s": summary["step_time_s"]})
     df = pd.DataFrame(rows, columns=["id", "source", "predicted_step_time_s",
                                      "measured_step_time_s"])
     return df.assign(rel_error=(df["predicted_step_time_s"] - df["measured_step_time_s"])
                      / df["measured_step_time_s"])
+
+
+def measured_summary(df: pd.DataFrame) -> dict:
+    """MAPE, mean error and worst run of `measured_results` rows
+    (`simulator.validation.report.error_summary`)."""
+    from simulator.validation.report import error_summary
+    return error_summary(df.to_dict("records"), measured="measured_step_time_s")
 
 
 def measured_chart(df: pd.DataFrame) -> alt.Chart:

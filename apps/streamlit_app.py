@@ -282,6 +282,12 @@ def measured_view() -> None:
         st.info(f"no compare.json or summary.json with a prediction under {folder!r}; "
                 "`meshplan compare` or `meshplan run` writes them")
         return
+    report = views.measured_summary(df)
+    m = st.columns(3)
+    m[0].metric("runs", f"{report['count']}")
+    m[1].metric("MAPE", f"{100 * report['mape']:.1f}%")
+    m[2].metric("mean error (bias)", f"{100 * report['mean_error']:+.1f}%")
+    st.caption(f"worst: {report['worst']['id']} at {100 * report['worst']['rel_error']:+.1f}%")
     st.altair_chart(views.measured_chart(df), width="stretch")
     st.dataframe(views.in_display_units(df), hide_index=True)
 

@@ -112,6 +112,28 @@ def test_predicted_vs_measured_reads_a_results_folder(tmp_path):
     # the chart's unit: 0.125 s = 125 ms; (0.10 - 0.125) / 0.125 = -20 %
     assert measured["measured_step_time (ms)"].iloc[0] == pytest.approx(125.0)
     assert measured["error (%)"].iloc[0] == pytest.approx(-20.0)
+    assert _metric(at, "MAPE") == "20.0%"
+
+
+def test_measured_tab_lists_a_compare_run_once_with_the_mape(tmp_path):
+    # `meshplan compare` writes compare.json and, per row, <id>/summary.json with the plan's
+    # prediction: the same run twice unless the tab matches them up
+    rows = [{"id": "a", "predicted_step_time_s": 0.10, "measured_step_time_s": 0.125},
+            {"id": "b", "predicted_step_time_s": 0.33, "measured_step_time_s": 0.30}]
+    (tmp_path / "compare.json").write_text(json.dumps({"rows": rows}))
+    for row in rows:
+        (tmp_path / row["id"]).mkdir()
+        (tmp_path / row["id"] / "summary.json").write_text(json.dumps(
+            {"plan_id": row["id"], "step_time_s": row["measured_step_time_s"],
+             "prediction": {"step_time_s": row["predicted_step_time_s"]}}))
+    (tmp_path / "solo").mkdir()  # a `meshplan run` of its own
+    (tmp_path / "solo" / "summary.json").write_text(json.dumps(
+        {"plan_id": "c", "step_time_s": 1.0, "prediction": {"step_time_s": 1.0}}))
+    at = _app(results_dir=str(tmp_path))
+    measured = next(df.value for df in at.dataframe if "measured_step_time (ms)" in df.value)
+    assert sorted(measured["id"]) == ["a", "b", "c"]
+    # |-0.025/0.125| = 20 %, |0.03/0.30| = 10 %, 0 %: MAPE (20 + 10 + 0) / 3 = 10.0 %
+    assert _metric(at, "MAPE") == "10.0%" and _metric(at, "runs") == "3"
 
 
 def test_empty_results_folder_says_how_to_make_one(tmp_path):
