@@ -282,14 +282,15 @@ def gantt_frame(events: list[tuple], limit: int = MAX_GANTT_EVENTS) -> pd.DataFr
 
 
 def gantt_chart(frame: pd.DataFrame) -> alt.Chart:
-    """Pipeline timeline: one lane per (stage, stream), bars coloured by kind."""
+    """Pipeline timeline: one lane per (stage, stream), bars coloured by kind; the time axis
+    zooms (scroll) and pans (drag), the lanes stay put."""
     return alt.Chart(frame).mark_bar(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("start_ms:Q", title="time in step (ms)"), x2="end_ms:Q",
         y=alt.Y("lane:N", sort=sorted(frame["lane"].unique()), title=None),
         color=alt.Color("kind:N"),
         tooltip=["name", "kind", alt.Tooltip("start_ms:Q", format=".3f"),
                  alt.Tooltip("end_ms:Q", format=".3f")],
-    ).properties(height=max(120, 22 * frame["lane"].nunique()))
+    ).properties(height=max(120, 22 * frame["lane"].nunique())).interactive(bind_y=False)
 
 
 def _layer_of(node: tuple) -> int:

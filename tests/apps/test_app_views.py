@@ -88,7 +88,11 @@ def test_gantt_frame_has_one_row_per_event_up_to_the_limit(traced):
     assert set(frame["stage"]) == {0, 1}
     assert {"forward", "backward"} <= set(frame["kind"])
     assert len(views.gantt_frame(pred.events, limit=5)) == 5
-    assert views.gantt_chart(frame).to_dict()["mark"]["type"] == "bar"
+    spec = views.gantt_chart(frame).to_dict()
+    assert spec["mark"]["type"] == "bar"
+    # zoom and pan bind the time (x) scale only: every lane stays labelled
+    zoom = [p for p in spec["params"] if p.get("bind") == "scales"]
+    assert len(zoom) == 1 and zoom[0]["select"]["encodings"] == ["x"]
 
 
 def test_memory_chart_draws_the_usable_limit(traced):
