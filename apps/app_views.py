@@ -270,6 +270,8 @@ def _event_kind(stream: str, name: str) -> str:
         return {"F": "forward", "B": "backward"}.get(name[0], name)
     if stream == "p2p":
         return "pipeline send"
+    if stream == "overlap":
+        return "overlapped comm (hidden)"
     return "tensor-parallel comm" if name.startswith("tp-") else "data-parallel comm"
 
 

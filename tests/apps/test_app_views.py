@@ -164,3 +164,28 @@ def test_launch_files_of_a_context_parallel_plan_give_its_command():
     files = views.launch_files(model, plan, cluster, simulate(model, plan, cluster), "p.yaml")
     assert files["command"].startswith("python -m torch.distributed.run --nproc-per-node 2")
     assert files["sbatch"] == ""
+
+
+def test_timeline_draws_the_overlapped_zero3_traffic():
+    # ZeRO-3 on 16 H100s: each block's weights are all-gathered in the forward (gathered
+    # again and the gradients reduce-scattered in the backward) beside the compute. The
+    # timeline shows that traffic: the hidden part on the overlap lane, the rest exposed on
+    # the comm lane, adding up to the layers' whole gather (32 blocks x one block's gather).
+    from simulator.step.costs import _zero3_layer_comm
+    from simulator.step.stagecosts import SimOptions
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    plan = Plan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=64, zero_stage=3)
+    pred = simulate(model, plan, cluster, trace=True)
+    frame = views.gantt_frame(pred.events)
+    hidden = frame[frame["kind"] == "overlapped comm (hidden)"]
+    assert set(hidden["lane"]) == {"stage 0 · overlap"}
+    assert len(hidden) == 2 * plan.num_microbatches  # one per forward and backward
+    gather, gather_scatter = _zero3_layer_comm(model, plan, cluster, 0, SimOptions())
+    ms = (frame["end_ms"] - frame["start_ms"]).groupby(frame["name"]).sum()
+    assert ms["overlap-F0"] + ms["tp-F0"] == pytest.approx(
+        model.num_layers * gather * 1e3, rel=1e-9)
+    assert ms["overlap-B0"] + ms["tp-B0"] == pytest.approx(
+        model.num_layers * gather_scatter * 1e3, rel=1e-9)
+    # hidden under the pass it overlaps, and not counted in the step
+    assert ms["overlap-F0"] < ms["F0"] and ms["overlap-B0"] < ms["B0"]
+    assert pred.step_time_s == pytest.approx(simulate(model, plan, cluster).step_time_s)
