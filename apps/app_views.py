@@ -86,6 +86,36 @@ def model_from_inputs(source: str, *, preset: str, custom: dict | None = None,
     return model.replace(seq_len=seq_len) if seq_len else model
 
 
+#: ModelSpec fields the custom-model form leaves out: the name (the app names the model), the
+#: citation, and seq_len (the sidebar's own input).
+NOT_IN_FORM = ("name", "source", "seq_len")
+
+
+def custom_model_fields() -> list[tuple[str, str, tuple]]:
+    """The custom-model form: every `ModelSpec` field but `NOT_IN_FORM`, in declaration
+    order, as ``(name, kind, choices)``; kind is 'int', 'bool', 'choice' (a Literal, with its
+    values as choices) or 'optional-float' (a float or None, None shown as 0)."""
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(ModelSpec)
+    out = []
+    for f in dataclasses.fields(ModelSpec):
+        if f.name in NOT_IN_FORM:
+            continue
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Literal:
+            out.append((f.name, "choice", typing.get_args(hint)))
+        elif hint is bool:
+            out.append((f.name, "bool", ()))
+        elif hint is int:
+            out.append((f.name, "int", ()))
+        elif set(typing.get_args(hint)) == {float, type(None)}:
+            out.append((f.name, "optional-float", ()))
+        else:
+            raise TypeError(f"ModelSpec.{f.name}: {hint} has no form widget")
+    return out
+
+
 def cluster_from_inputs(source: str, *, preset: str, nodes: int | None = 1, ranks: int = 4,
                         uploaded: str | None = None, cpu_profile: str | None = None,
                         uploaded_name: str | None = None) -> Cluster:

@@ -31,8 +31,6 @@ from simulator.network.cluster import cluster_names  # noqa: E402
 from simulator.step.simulate import simulate  # noqa: E402
 from simulator.step.trace import chrome_trace  # noqa: E402
 
-CUSTOM_FIELDS = ["num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
-                 "vocab_size"]
 #: Default device MTBF: Llama 3 405B pre-training saw 419 unexpected interruptions in 54 days
 #: on 16,384 H100s (Dubey et al. 2024, §3.3.4): 16,384 · 54 · 24 h / 419 ≈ 50,000 h per GPU.
 DEFAULT_DEVICE_MTBF_H = 50_000
@@ -58,14 +56,22 @@ def sidebar_inputs() -> dict:
     preset = sb.selectbox("model preset", names, index=names.index("llama3-8b"),
                           key="model_preset")
     custom = {}
-    if source == "custom":
+    if source == "custom":  # every ModelSpec field; ModelSpec checks the values
         base = load_model(preset)
-        for name in CUSTOM_FIELDS:
-            custom[name] = int(sb.number_input(name, min_value=1, value=getattr(base, name),
-                                               step=1, key=f"custom_{name}"))
-        custom["activation"] = sb.selectbox("activation", ["swiglu", "gelu"],
-                                            index=0 if base.activation == "swiglu" else 1,
-                                            key="custom_activation")
+        for name, kind, choices in views.custom_model_fields():
+            value, key = getattr(base, name), f"custom_{name}"
+            if kind == "choice":
+                custom[name] = sb.selectbox(name, list(choices), index=choices.index(value),
+                                            key=key)
+            elif kind == "bool":
+                custom[name] = sb.checkbox(name, value=value, key=key)
+            elif kind == "optional-float":
+                got = sb.number_input(f"{name} (0 = none)", min_value=0.0,
+                                      value=float(value or 0.0), step=0.25, key=key)
+                custom[name] = float(got) or None
+            else:
+                custom[name] = int(sb.number_input(name, min_value=0, value=value, step=1,
+                                                   key=key))
     elif source == "upload":
         sb.file_uploader("model YAML (ModelSpec fields)", type=["yaml", "yml"],
                          key="model_file")

@@ -224,3 +224,23 @@ def test_ranked_table_draws_its_one_value_columns_narrow():
     shown = [c for c in ("tp", "pp", "dp", "mb", "sp", "zero") if c in table.value.columns]
     assert len(shown) >= 5
     assert all(config[c]["width"] == "small" for c in shown)
+
+
+def test_custom_model_form_has_every_model_spec_field():
+    import dataclasses
+
+    from planner.spec import ModelSpec
+    at = _app(model_source="custom")
+    keys = {w.key for kind in ("number_input", "selectbox", "checkbox")
+            for w in getattr(at, kind)}
+    fields = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "source", "seq_len"}
+    assert {f"custom_{f}" for f in fields} <= keys
+    # a field beyond the six the form used to have reaches the model: an 8-expert MoE
+    at.number_input(key="custom_num_experts").set_value(8)
+    at.number_input(key="custom_experts_per_token").set_value(2)
+    at.number_input(key="custom_moe_ffn_hidden").set_value(4096).run()
+    assert not at.exception and not at.error
+    moe = load_model("llama3-8b").replace(num_experts=8, experts_per_token=2,
+                                          moe_ffn_hidden=4096)
+    assert moe.num_params() != load_model("llama3-8b").num_params()
+    assert f"**llama3-8b-custom** ({moe.num_params() / 1e9:.2f}B params" in at.caption[0].value
