@@ -318,7 +318,9 @@ def gantt_chart(frame: pd.DataFrame) -> alt.Chart:
     zooms (scroll) and pans (drag), the lanes stay put."""
     return alt.Chart(frame).mark_bar(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("start_ms:Q", title="time in step (ms)"), x2="end_ms:Q",
-        y=alt.Y("lane:N", sort=sorted(frame["lane"].unique()), title=None),
+        # every lane keeps its label: none dropped for overlap or cut short
+        y=alt.Y("lane:N", sort=sorted(frame["lane"].unique()), title=None,
+                axis=alt.Axis(labelOverlap=False, labelLimit=0)),
         color=alt.Color("kind:N"),
         tooltip=["name", "kind", alt.Tooltip("start_ms:Q", format=".3f"),
                  alt.Tooltip("end_ms:Q", format=".3f")],

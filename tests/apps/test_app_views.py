@@ -93,6 +93,8 @@ def test_gantt_frame_has_one_row_per_event_up_to_the_limit(traced):
     # zoom and pan bind the time (x) scale only: every lane stays labelled
     zoom = [p for p in spec["params"] if p.get("bind") == "scales"]
     assert len(zoom) == 1 and zoom[0]["select"]["encodings"] == ["x"]
+    axis = spec["encoding"]["y"]["axis"]
+    assert axis["labelOverlap"] is False and axis["labelLimit"] == 0
 
 
 def test_memory_chart_draws_the_usable_limit(traced):
