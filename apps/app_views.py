@@ -27,7 +27,7 @@ from planner.mesh import group_ranks, mesh_strides  # noqa: E402
 from planner.planfile import PlanFile, check_runnable  # noqa: E402
 from planner.presets import load_model, model_from_dict  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
-from simulator.network.cluster import Cluster, load_cluster  # noqa: E402
+from simulator.network.cluster import Cluster, cluster_from_spec, load_cluster  # noqa: E402
 from simulator.step.simulate import StepPrediction  # noqa: E402
 
 #: Ranked-table columns shown to people, with human units (the library's are SI).
@@ -37,6 +37,9 @@ DISPLAY_COLUMNS = {"id": "plan", "tp": "tp", "pp": "pp", "dp": "dp", "micro_batc
                    "mfu_pct": "MFU %", "hfu_pct": "HFU %", "memory_gib": "mem/rank (GiB)",
                    "schedule": "schedule", "virtual_stages": "v", "zero_stage": "zero",
                    "placement": "placement", "tier": "tier"}
+#: Ranked-table columns of one short value (a degree, a flag), drawn narrow so that all
+#: columns fit a 1,440 px window beside the sidebar instead of scrolling sideways.
+NARROW_COLUMNS = ("tp", "pp", "dp", "mb", "sp", "v", "zero", "tier")
 #: Sort keys of the ranked table: label -> (column, ascending by default).
 SORT_KEYS = {"tokens/s": ("tokens_per_s", False), "step time": ("step_time_s", True),
              "MFU": ("mfu", False), "memory per rank": ("peak_memory_bytes", True)}
@@ -83,10 +86,43 @@ def model_from_inputs(source: str, *, preset: str, custom: dict | None = None,
     return model.replace(seq_len=seq_len) if seq_len else model
 
 
-def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int = 4,
-                        uploaded: str | None = None, cpu_profile: str | None = None) -> Cluster:
+#: ModelSpec fields the custom-model form leaves out: the name (the app names the model), the
+#: citation, and seq_len (the sidebar's own input).
+NOT_IN_FORM = ("name", "source", "seq_len")
+
+
+def custom_model_fields() -> list[tuple[str, str, tuple]]:
+    """The custom-model form: every `ModelSpec` field but `NOT_IN_FORM`, in declaration
+    order, as ``(name, kind, choices)``; kind is 'int', 'bool', 'choice' (a Literal, with its
+    values as choices) or 'optional-float' (a float or None, None shown as 0)."""
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(ModelSpec)
+    out = []
+    for f in dataclasses.fields(ModelSpec):
+        if f.name in NOT_IN_FORM:
+            continue
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Literal:
+            out.append((f.name, "choice", typing.get_args(hint)))
+        elif hint is bool:
+            out.append((f.name, "bool", ()))
+        elif hint is int:
+            out.append((f.name, "int", ()))
+        elif set(typing.get_args(hint)) == {float, type(None)}:
+            out.append((f.name, "optional-float", ()))
+        else:
+            raise TypeError(f"ModelSpec.{f.name}: {hint} has no form widget")
+    return out
+
+
+def cluster_from_inputs(source: str, *, preset: str, nodes: int | None = 1, ranks: int = 4,
+                        uploaded: str | None = None, cpu_profile: str | None = None,
+                        uploaded_name: str | None = None) -> Cluster:
     """The cluster the sidebar describes: a preset with its size, or an uploaded YAML text.
 
+    An upload is named after its file (``uploaded_name``'s stem, else 'uploaded') and keeps
+    its own size (``nodes`` / ``default_nodes``, `load_cluster`) unless ``nodes`` is given.
     ``cpu_profile`` is the localhost-cpu preset's profile as ``--cpu-profile`` takes it (a
     file, 'none', or None: the newest in the default folder; `apps.clusters`).
 
@@ -97,12 +133,10 @@ def cluster_from_inputs(source: str, *, preset: str, nodes: int = 1, ranks: int 
         if not uploaded:
             raise PlanError("choose a cluster YAML file to upload, or pick a preset")
         spec = parse_yaml_mapping(uploaded, "cluster")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "uploaded.yaml"
-            path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-            local = spec.get("kind") == "localhost"
-            return load_cluster(str(path), nodes=None if local else nodes,
-                                ranks=ranks if local else None)
+        name = Path(uploaded_name).stem if uploaded_name else "uploaded"
+        local = spec.get("kind") == "localhost"
+        return cluster_from_spec(name, spec, nodes=None if local else nodes,
+                                 ranks=ranks if local else None)
     if preset == "localhost-cpu":
         return cluster_from_flags(preset, None, ranks, cpu_profile)
     return load_cluster(preset, nodes=nodes)
@@ -119,6 +153,24 @@ def ranked_for_display(ranked: pd.DataFrame) -> pd.DataFrame:
     columns = [c for c in DISPLAY_COLUMNS if c in df]
     return df[columns].rename(columns=DISPLAY_COLUMNS).round(
         {"step time (ms)": 1, "tokens/s": 0, "MFU %": 1, "HFU %": 1, "mem/rank (GiB)": 1})
+
+
+def in_display_units(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the library's SI columns in the explorer's units: ``*_bytes`` in GiB,
+    seconds (``*_s``, not rates ``*_per_s``) in ms, ``rel_error`` in %; the unit goes in
+    the header ("peak_memory (GiB)")."""
+    out = {}
+    for col in df.columns:
+        name = str(col)
+        if name.endswith("_bytes"):
+            out[f"{name.removesuffix('_bytes')} (GiB)"] = (df[col] / GiB).round(2)
+        elif name.endswith("_s") and not name.endswith("_per_s"):
+            out[f"{name.removesuffix('_s')} (ms)"] = (df[col] * 1e3).round(3)
+        elif name == "rel_error":
+            out["error (%)"] = (100 * df[col]).round(1)
+        else:
+            out[name] = df[col]
+    return pd.DataFrame(out, index=df.index)
 
 
 def best_table(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
@@ -214,8 +266,19 @@ def memory_frame(pred: StepPrediction) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def memory_chart(pred: StepPrediction, device_memory_bytes: float) -> alt.LayerChart:
-    """Stacked bars of memory per stage with the device's memory as a rule."""
+def memory_limits(device_memory_bytes: float, memory_headroom: float = 1.0) -> pd.DataFrame:
+    """The memory chart's rules (limit, GiB): the device's memory and the usable part a plan
+    must fit in, ``memory_headroom`` × device memory (the search's rule,
+    `planner.search.out_of_memory_reason`)."""
+    return pd.DataFrame({"limit": ["device memory", "usable limit"],
+                         "GiB": [device_memory_bytes / GiB,
+                                 memory_headroom * device_memory_bytes / GiB]})
+
+
+def memory_chart(pred: StepPrediction, device_memory_bytes: float,
+                 memory_headroom: float = 1.0) -> alt.LayerChart:
+    """Stacked bars of memory per stage, with the device's memory (grey) and the usable limit
+    (red, `memory_limits`) as rules."""
     df = memory_frame(pred)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("stage:O", title="pipeline stage"),
@@ -223,9 +286,13 @@ def memory_chart(pred: StepPrediction, device_memory_bytes: float) -> alt.LayerC
         color=alt.Color("part:N", sort=["weights", "gradients", "optimizer", "activations",
                                         "overhead"]),
         tooltip=["stage", "part", alt.Tooltip("GiB:Q", format=".2f")])
-    limit = alt.Chart(pd.DataFrame({"GiB": [device_memory_bytes / GiB]})).mark_rule(
-        color="red", strokeDash=[6, 3]).encode(y="GiB:Q")
-    return alt.layer(bars, limit).properties(height=260)
+    limits = alt.Chart(memory_limits(device_memory_bytes, memory_headroom)).mark_rule(
+        strokeDash=[6, 3], strokeWidth=2).encode(
+        y="GiB:Q",
+        stroke=alt.Stroke("limit:N", scale=alt.Scale(domain=["device memory", "usable limit"],
+                                                     range=["grey", "red"]), title=None),
+        tooltip=["limit", alt.Tooltip("GiB:Q", format=".1f")])
+    return alt.layer(bars, limits).resolve_scale(color="independent").properties(height=260)
 
 
 def _event_kind(stream: str, name: str) -> str:
@@ -233,6 +300,8 @@ def _event_kind(stream: str, name: str) -> str:
         return {"F": "forward", "B": "backward"}.get(name[0], name)
     if stream == "p2p":
         return "pipeline send"
+    if stream == "overlap":
+        return "overlapped comm (hidden)"
     return "tensor-parallel comm" if name.startswith("tp-") else "data-parallel comm"
 
 
@@ -245,14 +314,17 @@ def gantt_frame(events: list[tuple], limit: int = MAX_GANTT_EVENTS) -> pd.DataFr
 
 
 def gantt_chart(frame: pd.DataFrame) -> alt.Chart:
-    """Pipeline timeline: one lane per (stage, stream), bars coloured by kind."""
+    """Pipeline timeline: one lane per (stage, stream), bars coloured by kind; the time axis
+    zooms (scroll) and pans (drag), the lanes stay put."""
     return alt.Chart(frame).mark_bar(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("start_ms:Q", title="time in step (ms)"), x2="end_ms:Q",
-        y=alt.Y("lane:N", sort=sorted(frame["lane"].unique()), title=None),
+        # every lane keeps its label: none dropped for overlap or cut short
+        y=alt.Y("lane:N", sort=sorted(frame["lane"].unique()), title=None,
+                axis=alt.Axis(labelOverlap=False, labelLimit=0)),
         color=alt.Color("kind:N"),
         tooltip=["name", "kind", alt.Tooltip("start_ms:Q", format=".3f"),
                  alt.Tooltip("end_ms:Q", format=".3f")],
-    ).properties(height=max(120, 22 * frame["lane"].nunique()))
+    ).properties(height=max(120, 22 * frame["lane"].nunique())).interactive(bind_y=False)
 
 
 def _layer_of(node: tuple) -> int:
@@ -371,32 +443,45 @@ def goodput_curve_chart(curve: pd.DataFrame) -> alt.Chart:
 
 
 def measured_results(folder: str | Path) -> pd.DataFrame:
-    """Predicted and measured step times found under ``folder``.
+    """Predicted and measured step times found under ``folder``, one row per run.
 
     Reads every ``compare.json`` (its rows) and every ``summary.json`` of a run that carries
-    its plan's prediction; columns id, source, predicted_step_time_s, measured_step_time_s,
-    rel_error.
+    its plan's prediction; a run of a compare sweep (``<compare folder>/<row id>/``) is listed
+    once, from compare.json. Columns id, source (the run's folder), predicted_step_time_s,
+    measured_step_time_s, rel_error.
     """
     folder = Path(folder)
     rows: list[dict] = []
+    listed: set[Path] = set()
     if folder.is_dir():
         for path in sorted(folder.rglob("compare.json")):
             for row in json.loads(path.read_text()).get("rows", []):
-                rows.append({"id": row["id"], "source": str(path.relative_to(folder)),
+                run = path.parent / row["id"]
+                listed.add(run.resolve())
+                rows.append({"id": row["id"], "source": run.relative_to(folder).as_posix(),
                              "predicted_step_time_s": row["predicted_step_time_s"],
                              "measured_step_time_s": row["measured_step_time_s"]})
         for path in sorted(folder.rglob("summary.json")):
+            if path.parent.resolve() in listed:
+                continue
             summary = json.loads(path.read_text())
             pred = summary.get("prediction") or {}
             if "step_time_s" in pred and "step_time_s" in summary:
                 rows.append({"id": summary.get("plan_id", path.parent.name),
-                             "source": str(path.relative_to(folder)),
+                             "source": path.parent.relative_to(folder).as_posix(),
                              "predicted_step_time_s": pred["step_time_s"],
                              "measured_step_time_s": summary["step_time_s"]})
     df = pd.DataFrame(rows, columns=["id", "source", "predicted_step_time_s",
                                      "measured_step_time_s"])
     return df.assign(rel_error=(df["predicted_step_time_s"] - df["measured_step_time_s"])
                      / df["measured_step_time_s"])
+
+
+def measured_summary(df: pd.DataFrame) -> dict:
+    """MAPE, mean error and worst run of `measured_results` rows
+    (`simulator.validation.report.error_summary`)."""
+    from simulator.validation.report import error_summary
+    return error_summary(df.to_dict("records"), measured="measured_step_time_s")
 
 
 def measured_chart(df: pd.DataFrame) -> alt.Chart:

@@ -51,11 +51,12 @@ def check_nproc_per_node(nproc: int | None, world: int, nodes: int, cluster) -> 
                         f"{-(-world // cluster.devices_per_node)}")
 
 
-def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> None:
+def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None):
     """Raise `PlanError` when the runtime cannot run the plan (`check_runnable`), or when
     ``nodes`` would put more workers on a node than the plan's cluster has devices per node (a
     GPU cluster named in the plan file), naming the node count that fits; localhost plans and
-    user clusters that cannot be loaded pass the second check."""
+    user clusters that cannot be loaded pass the second check. Returns the plan's cluster
+    (`Cluster`), or None when it cannot be loaded."""
     from apps.clusters import cluster_of_plan_file
     from planner.planfile import check_runnable, read_plan_file
     pf = read_plan_file(plan_path)
@@ -66,13 +67,14 @@ def check_nodes_fit(plan_path: str, nodes: int, nproc: int | None = None) -> Non
         cluster = None
     check_nproc_per_node(nproc, pf.plan.world_size, nodes, cluster)
     if cluster is None or cluster.nics_per_node == 0:    # localhost-cpu: one node
-        return
+        return cluster
     world, per_node = pf.plan.world_size, cluster.devices_per_node
     if world > nodes * per_node:
         need = -(-world // per_node)
         raise PlanError(f"--nodes={nodes} puts more than {per_node} workers on a node, but "
                         f"{cluster.name!r} nodes have {per_node} devices and the plan needs "
                         f"tp*pp*dp = {world}: use --nodes {need}")
+    return cluster
 
 
 def check_etcd_rendezvous(endpoint: str, rdzv_conf: str | None = None) -> None:
@@ -155,7 +157,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag}={value} must be a positive integer")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
-    check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
+    cluster = check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
     train_args = elastic_train_args(args)
     etcd = args.rdzv_backend == "etcd-v2"
     # under etcd-v2 the endpoint is the etcd server the batch script's nodes meet at; a c10d
@@ -178,7 +180,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                rdzv_backend=args.rdzv_backend,
                                rdzv_endpoint=args.rdzv_endpoint if etcd else None,
                                rdzv_conf=args.rdzv_conf,
-                               max_restarts=args.max_restarts or None, train_args=train_args)
+                               max_restarts=args.max_restarts or None, train_args=train_args,
+                               transport=cluster.transport if cluster else "",
+                               socket_ifname=args.socket_ifname, gid_index=args.gid_index)
         Path(args.slurm).write_text(script, encoding="utf-8")
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)
@@ -222,7 +226,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `launch` on the CLI's subparsers."""
-    from planner.launch import RDZV_BACKENDS
+    from planner.launch import RDZV_BACKENDS, ROCE_GID_INDEX, SOCKET_IFNAME
     from runtime.faults import add_checkpoint_args
     sl = sub.add_parser("launch", help="print or run torchrun per node, or write an sbatch "
                         "script, for a plan file")
@@ -258,5 +262,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "script (default 29500)")
     sl.add_argument("--time", default="01:00:00", help="sbatch --time (default 01:00:00)")
     sl.add_argument("--partition", help="sbatch --partition")
+    sl.add_argument("--socket-ifname", default=SOCKET_IFNAME, metavar="PREFIXES",
+                    help="NCCL_SOCKET_IFNAME in the sbatch script: the interfaces NCCL "
+                    "bootstraps over, as prefixes ('^' excludes, '=' an exact name, e.g. "
+                    f"=eth0) (default {SOCKET_IFNAME}: all but loopback and docker)")
+    sl.add_argument("--gid-index", type=int, metavar="N",
+                    help="NCCL_IB_GID_INDEX in the sbatch script of a RoCE cluster: the GID "
+                    f"that carries RoCE v2, as show_gids lists it (default {ROCE_GID_INDEX})")
     sl.add_argument("--json", action="store_true", help="print the commands as JSON")
     sl.set_defaults(func=cmd_launch)

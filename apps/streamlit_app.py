@@ -31,8 +31,6 @@ from simulator.network.cluster import cluster_names  # noqa: E402
 from simulator.step.simulate import simulate  # noqa: E402
 from simulator.step.trace import chrome_trace  # noqa: E402
 
-CUSTOM_FIELDS = ["num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
-                 "vocab_size"]
 #: Default device MTBF: Llama 3 405B pre-training saw 419 unexpected interruptions in 54 days
 #: on 16,384 H100s (Dubey et al. 2024, §3.3.4): 16,384 · 54 · 24 h / 419 ≈ 50,000 h per GPU.
 DEFAULT_DEVICE_MTBF_H = 50_000
@@ -41,6 +39,11 @@ DEFAULT_DEVICE_MTBF_H = 50_000
 def _read_upload(key: str) -> str | None:
     upload = st.session_state.get(key)
     return upload.getvalue().decode("utf-8") if upload is not None else None
+
+
+def _upload_name(key: str) -> str | None:
+    upload = st.session_state.get(key)
+    return upload.name if upload is not None else None
 
 
 def sidebar_inputs() -> dict:
@@ -53,14 +56,22 @@ def sidebar_inputs() -> dict:
     preset = sb.selectbox("model preset", names, index=names.index("llama3-8b"),
                           key="model_preset")
     custom = {}
-    if source == "custom":
+    if source == "custom":  # every ModelSpec field; ModelSpec checks the values
         base = load_model(preset)
-        for name in CUSTOM_FIELDS:
-            custom[name] = int(sb.number_input(name, min_value=1, value=getattr(base, name),
-                                               step=1, key=f"custom_{name}"))
-        custom["activation"] = sb.selectbox("activation", ["swiglu", "gelu"],
-                                            index=0 if base.activation == "swiglu" else 1,
-                                            key="custom_activation")
+        for name, kind, choices in views.custom_model_fields():
+            value, key = getattr(base, name), f"custom_{name}"
+            if kind == "choice":
+                custom[name] = sb.selectbox(name, list(choices), index=choices.index(value),
+                                            key=key)
+            elif kind == "bool":
+                custom[name] = sb.checkbox(name, value=value, key=key)
+            elif kind == "optional-float":
+                got = sb.number_input(f"{name} (0 = none)", min_value=0.0,
+                                      value=float(value or 0.0), step=0.25, key=key)
+                custom[name] = float(got) or None
+            else:
+                custom[name] = int(sb.number_input(name, min_value=0, value=value, step=1,
+                                                   key=key))
     elif source == "upload":
         sb.file_uploader("model YAML (ModelSpec fields)", type=["yaml", "yml"],
                          key="model_file")
@@ -73,7 +84,11 @@ def sidebar_inputs() -> dict:
     if csource == "upload":
         sb.file_uploader("cluster YAML (one preset entry's fields)", type=["yaml", "yml"],
                          key="cluster_file")
-    nodes = int(sb.number_input("nodes", min_value=1, value=2, step=1, key="nodes"))
+    if csource == "upload":  # 0: the file's own nodes (or default_nodes)
+        nodes = int(sb.number_input("nodes (0 = the file's own)", min_value=0, value=0,
+                                    step=1, key="upload_nodes")) or None
+    else:
+        nodes = int(sb.number_input("nodes", min_value=1, value=2, step=1, key="nodes"))
     ranks = int(sb.number_input("ranks (localhost-cpu)", min_value=1, value=4, step=1,
                                 key="ranks"))
     cpu_profile = sb.text_input("CPU profile (localhost-cpu; empty: the newest, 'none')",
@@ -97,6 +112,7 @@ def sidebar_inputs() -> dict:
             "seq_len": seq, "cluster_source": csource, "cluster_preset": cpreset,
             "nodes": nodes, "ranks": ranks, "cpu_profile": cpu_profile or None,
             "cluster_text": _read_upload("cluster_file") if csource == "upload" else None,
+            "cluster_file_name": _upload_name("cluster_file") if csource == "upload" else None,
             "global_batch": gb, "micro_batches": tuple(sorted(mbs)),
             "recompute": tuple(rcs), "num_devices": devices or None,
             "memory_headroom": float(headroom), "top_k": top_k}
@@ -112,7 +128,8 @@ def build_cluster(inputs: dict, bandwidth: float = 1.0, latency: float = 1.0):
     cluster = views.cluster_from_inputs(inputs["cluster_source"],
                                         preset=inputs["cluster_preset"], nodes=inputs["nodes"],
                                         ranks=inputs["ranks"], uploaded=inputs["cluster_text"],
-                                        cpu_profile=inputs["cpu_profile"])
+                                        cpu_profile=inputs["cpu_profile"],
+                                        uploaded_name=inputs["cluster_file_name"])
     if bandwidth != 1.0 or latency != 1.0:
         cluster = cluster.scale_links(bandwidth=bandwidth, latency=latency)
     return cluster
@@ -159,8 +176,9 @@ def plans_view(result) -> str | None:
     text = c4.text_input("plan id contains", key="filter_text")
     sort_by = c5.selectbox("sort by", list(views.SORT_KEYS), key="sort_by")
     shown = views.filter_ranked(ranked, tp=tp, pp=pp, recompute=rc, text=text, sort_by=sort_by)
+    narrow = {c: st.column_config.Column(width="small") for c in views.NARROW_COLUMNS}
     st.dataframe(views.ranked_for_display(shown), hide_index=True, width="stretch",
-                 key="ranked_table")
+                 column_config=narrow, key="ranked_table")
     st.caption(f"{len(shown)} of {len(ranked)} legal plans shown")
     with st.expander(f"Rejected plans ({len(result.rejected)})"):
         st.dataframe(views.reason_counts(result.rejected), hide_index=True)
@@ -193,7 +211,7 @@ def custom_plan(inputs: dict, model, cluster, default: Plan | None) -> Plan | No
     return plan
 
 
-def breakdown_view(pred, cluster) -> None:
+def breakdown_view(pred, cluster, memory_headroom: float) -> None:
     """Step-time breakdown, MFU / HFU and memory per stage against device memory."""
     c = st.columns(5)
     c[0].metric("step time", f"{pred.step_time_s * 1e3:,.1f} ms")
@@ -207,9 +225,12 @@ def breakdown_view(pred, cluster) -> None:
     st.dataframe(parts.round({"ms": 2, "share_pct": 1}).drop(columns="seconds"),
                  hide_index=True)
     st.subheader("Memory per pipeline stage (one rank)")
-    st.altair_chart(views.memory_chart(pred, cluster.device.memory_bytes), width="stretch")
-    st.caption(f"dashed line: device memory {cluster.device.memory_bytes / views.GiB:.1f} GiB "
-               f"({cluster.device.name})")
+    st.altair_chart(views.memory_chart(pred, cluster.device.memory_bytes, memory_headroom),
+                    width="stretch")
+    device_gib = cluster.device.memory_bytes / views.GiB
+    st.caption(f"red: usable limit {memory_headroom * device_gib:.1f} GiB "
+               f"({100 * memory_headroom:.0f}% of the device, the search's limit); grey: "
+               f"device memory {device_gib:.1f} GiB ({cluster.device.name})")
 
 
 def timeline_view(pred) -> None:
@@ -267,9 +288,14 @@ def measured_view() -> None:
         st.info(f"no compare.json or summary.json with a prediction under {folder!r}; "
                 "`meshplan compare` or `meshplan run` writes them")
         return
+    report = views.measured_summary(df)
+    m = st.columns(3)
+    m[0].metric("runs", f"{report['count']}")
+    m[1].metric("MAPE", f"{100 * report['mape']:.1f}%")
+    m[2].metric("mean error (bias)", f"{100 * report['mean_error']:+.1f}%")
+    st.caption(f"worst: {report['worst']['id']} at {100 * report['worst']['rel_error']:+.1f}%")
     st.altair_chart(views.measured_chart(df), width="stretch")
-    st.dataframe(df.assign(rel_error_pct=100 * df["rel_error"]).drop(columns="rel_error"),
-                 hide_index=True)
+    st.dataframe(views.in_display_units(df), hide_index=True)
 
 
 def downloads_view(model, plan: Plan, cluster, pred) -> None:
@@ -321,7 +347,8 @@ def main() -> None:
             if inf is not None:  # `planner.infeasible`: what comes closest, what blocks
                 st.warning(f"no plan fits: {inf.summary}")
                 if not inf.closest.empty:
-                    st.dataframe(inf.closest, hide_index=True, width="stretch")
+                    st.dataframe(views.in_display_units(inf.closest), hide_index=True,
+                                 width="stretch")
                 st.markdown("\n".join(f"- blocked by {line}" for line in inf.blocking))
             st.dataframe(result.rejected, hide_index=True, width="stretch")
             return
@@ -336,7 +363,7 @@ def main() -> None:
         pred = cached_simulate(inputs_json, json.dumps(dataclasses.asdict(plan)))
     with tabs[1]:
         st.markdown(f"**{plan.id}**")
-        breakdown_view(pred, cluster)
+        breakdown_view(pred, cluster, inputs["memory_headroom"])
     with tabs[2]:
         timeline_view(pred)
     with tabs[3]:

@@ -17,6 +17,7 @@ ranks left (``runtime.train --elastic``).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -34,6 +35,54 @@ RDZV_BACKENDS = ("c10d", "etcd-v2")
 #: etcd-v2: both agents stalled in the rendezvous of the larger round). With the opt-out,
 #: every round's rank 0 publishes a fresh store, which the workers' rank 0 serves.
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+#: NCCL_SOCKET_IFNAME of a batch script unless told otherwise: every interface but loopback and
+#: docker bridges, which is NCCL's own default filter, written out so it is visible and easy to
+#: change (NCCL docs, "Environment Variables": NCCL_SOCKET_IFNAME takes prefixes, ``^``
+#: excludes, ``=`` matches a whole name; "By default, NCCL ignores docker and lo interfaces").
+SOCKET_IFNAME = "^docker,lo"
+#: NCCL_IB_GID_INDEX on a RoCE fabric: the GID table entry that carries RoCE v2 (routable
+#: UDP/IP). Index 3 is where mlx5 drivers put the IPv4 RoCE v2 GID of the first address
+#: (``show_gids``; NCCL docs, "Environment Variables", NCCL_IB_GID_INDEX: "the Global ID index
+#: used in RoCE mode. See the InfiniBand show_gids command in order to set this value").
+ROCE_GID_INDEX = 3
+
+
+def nccl_env(transport: str, *, socket_ifname: str = SOCKET_IFNAME,
+             gid_index: int | None = None) -> dict[str, str]:
+    """The NCCL variables a job on a fabric of ``transport`` ('infiniband', 'roce' or '' for
+    none) needs: NCCL_SOCKET_IFNAME (the bootstrap and socket interface, `SOCKET_IFNAME` by
+    default) and, on RoCE, NCCL_IB_GID_INDEX (``gid_index``, `ROCE_GID_INDEX` by default).
+
+    >>> nccl_env("roce")
+    {'NCCL_SOCKET_IFNAME': '^docker,lo', 'NCCL_IB_GID_INDEX': '3'}
+
+    Raises:
+        PlanError: an empty ``socket_ifname``, or a ``gid_index`` below 0.
+    """
+    if not socket_ifname:
+        raise PlanError(f"socket_ifname={socket_ifname!r} must name interfaces, e.g. "
+                        f"{SOCKET_IFNAME!r} or '=eth0'")
+    env = {"NCCL_SOCKET_IFNAME": socket_ifname}
+    if gid_index is not None and gid_index < 0:
+        raise PlanError(f"gid_index={gid_index} must be >= 0 (show_gids lists the indices)")
+    if transport == "roce":
+        env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX if gid_index is None else gid_index)
+    return env
+
+
+def activate_lines(prefix: str | None = None) -> list[str]:
+    """Shell lines that activate the Python environment ``prefix`` (default `sys.prefix`, the
+    one meshplan runs from) in a batch job: a venv's ``bin/activate``; a conda env (a
+    ``conda-meta`` folder) through conda's shell hook; else its ``bin`` first on PATH."""
+    prefix = sys.prefix if prefix is None else prefix
+    root = Path(prefix)
+    if (root / "conda-meta").is_dir():
+        conda = os.environ.get("CONDA_EXE") or "conda"
+        return [f'eval "$({shlex.quote(conda)} shell.bash hook)"',
+                f"conda activate {shlex.quote(prefix)}"]
+    if (root / "bin" / "activate").is_file():
+        return [f"source {shlex.quote(str(root / 'bin' / 'activate'))}"]
+    return [f'export PATH={shlex.quote(str(root / "bin"))}:"$PATH"']
 
 
 def procs_per_node(world_size: int, nodes: int) -> int:
@@ -168,8 +217,14 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
                   partition: str | None = None, min_nodes: int | None = None,
                   rdzv_backend: str = "c10d", rdzv_endpoint: str | None = None,
                   rdzv_conf: str | None = None, max_restarts: int | None = None,
-                  train_args: list[str] | tuple[str, ...] = ()) -> str:
+                  train_args: list[str] | tuple[str, ...] = (), transport: str = "",
+                  socket_ifname: str = SOCKET_IFNAME, gid_index: int | None = None,
+                  env_prefix: str | None = None) -> str:
     """A Slurm batch script that trains ``plan_path`` on ``nodes`` nodes.
+
+    The script activates the Python environment ``env_prefix`` (default: the one running
+    this, `activate_lines`) and exports the NCCL variables of the cluster's fabric
+    ``transport`` (`nccl_env`: the socket interface, and the GID index on RoCE).
 
     One task per node runs torchrun with ``world_size / nodes`` workers (and as many GPUs);
     the first node of the allocation hosts the c10d rendezvous on ``port``, or, with
@@ -179,8 +234,10 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
     has been allocated fails".
 
     Raises:
-        PlanError: as `torchrun_node_command`; etcd-v2 without ``rdzv_endpoint``.
+        PlanError: as `torchrun_node_command` and `nccl_env`; etcd-v2 without
+            ``rdzv_endpoint``.
     """
+    nccl = nccl_env(transport, socket_ifname=socket_ifname, gid_index=gid_index)
     pf = read_plan_file(plan_path)
     gpus = procs_per_node(pf.plan.world_size, nodes)
     if not 0 < port < 65536:
@@ -220,7 +277,9 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
         "set -euo pipefail",
         'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export RDZV_PORT={port}",
+        *activate_lines(env_prefix),
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        *(f"export {k}={shlex.quote(v)}" for k, v in nccl.items()),
         *(f"export {k}={v}" for k, v in (ELASTIC_ENV if elastic else {}).items()),
         "# single-quoted: each task expands its own $SLURM_NODEID",
         ("srun --no-kill bash -c " if elastic else "srun bash -c ")

@@ -375,10 +375,12 @@ def check_cluster(plan: Plan, cluster: Cluster) -> None:
 def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions,
                  rank: int, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
                  host_re: float, moe_comm: tuple[float, float] = (0.0, 0.0)
-                 ) -> tuple[float, float, float, float]:
-    # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm) of one micro-batch of a
-    # chunk of ``layers`` blocks on pipeline rank ``rank``; ``moe_comm`` is the exposed
-    # expert all-to-all per block (`simulator.step.moe.chunk_moe_terms`).
+                 ) -> tuple[float, float, float, float, float, float]:
+    # (fwd compute, bwd compute, fwd exposed comm, bwd exposed comm, fwd hidden comm, bwd
+    # hidden comm) of one micro-batch of a chunk of ``layers`` blocks on pipeline rank
+    # ``rank``; ``moe_comm`` is the exposed expert all-to-all per block
+    # (`simulator.step.moe.chunk_moe_terms`). Hidden: the TP and ZeRO-3 traffic that runs
+    # beside the compute, less what of it is exposed.
     recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
     z_fwd, z_bwd = (0.0, 0.0) if zero3_once_per_step(plan, options) else \
@@ -386,7 +388,9 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     fwd_dev, bwd_dev = lc.fwd_s, lc.bwd_s + recompute
     fwd_comm = tp_comm
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
+    hide_f = hide_b = 0.0  # per block
     if options.tp_comm_overlap:
+        hide_f, hide_b = min(fwd_comm, fwd_dev), min(bwd_comm, bwd_dev)
         fwd_comm, bwd_comm = max(0.0, fwd_comm - fwd_dev), max(0.0, bwd_comm - bwd_dev)
     # The CP exchange hides under the block attention it feeds: only the excess shows (full
     # recomputation repeats the forward's).
@@ -408,6 +412,7 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
             z_fwd, z_bwd - z_fwd, fwd_dev + fwd_comm, bwd_dev + bwd_comm, ahead,
             options.zero3_overlap_reduce)
         fwd_comm, bwd_comm = fwd_comm + z_f, bwd_comm + z_b
+        hide_f, hide_b = hide_f + max(0.0, z_fwd - z_f), hide_b + max(0.0, z_bwd - z_b)
     else:
         fwd_comm, bwd_comm = fwd_comm + z_fwd, bwd_comm + z_bwd
     # Host-bound: the device idles between launches and in-stream collectives fill the gaps,
@@ -415,7 +420,8 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     fwd, bwd, dev_f, dev_b = _chunk_compute(plan, layers, lc, edge, host_re)
     amax_f, amax_b = amax_allreduce_s(plan, cluster, rank, layers)
     return (fwd, bwd, max(0.0, dev_f + layers * fwd_comm + z_once_f - fwd) + amax_f,
-            max(0.0, dev_b + layers * bwd_comm + z_once_b - bwd) + amax_b)
+            max(0.0, dev_b + layers * bwd_comm + z_once_b - bwd) + amax_b,
+            max(0.0, layers * hide_f - z_once_f), max(0.0, layers * hide_b - z_once_b))
 
 
 def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float, float, float],
@@ -589,7 +595,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
                                  host_re)
             if memo is not None:
                 memo[key] = times
-        fwd, bwd, fwd_comm, bwd_comm = times
+        fwd, bwd, fwd_comm, bwd_comm, hide_f, hide_b = times
         src = rank * stride
         nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
         prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
@@ -603,12 +609,13 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             + extra if g > 0 else 0.0
         block_f, block_b = (p2p_f, p2p_b) if options.blocking_p2p else (0.0, 0.0)
         fields = (fwd, bwd, fwd_comm + block_f, bwd_comm + block_b, p2p_f - block_f,
-                  p2p_b - block_b)
+                  p2p_b - block_b, hide_f, hide_b)
         entry = None if tail or memo is None else memo.get(fields)  # equal entries: one object
         if entry is None:
             entry = StageCosts(fwd_compute_s=fields[0], bwd_compute_s=fields[1],
                                fwd_comm_s=fields[2], bwd_comm_s=fields[3],
-                               p2p_fwd_s=fields[4], p2p_bwd_s=fields[5], **tail)
+                               p2p_fwd_s=fields[4], p2p_bwd_s=fields[5],
+                               fwd_overlap_s=fields[6], bwd_overlap_s=fields[7], **tail)
             if not tail and memo is not None:
                 memo[fields] = entry
         out.append(entry)
@@ -617,7 +624,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
 
 def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions, g: int,
                  rank: int, layers: int, lc: LayerCompute, dev, eff: Efficiency,
-                 host_re: float) -> tuple[float, float, float, float]:
+                 host_re: float) -> tuple[float, float, float, float, float, float]:
     # `_chunk_times` of chunk g, with its edges and, for MoE / MLA, its own block costs.
     edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff, first=g == 0,
                         last=g == plan.pp * plan.virtual_stages - 1, cp=plan.cp)

@@ -12,7 +12,9 @@ own on the sender's P2P stream, and the receiver waits on the event the send tri
 a send never blocks its sender's compute; the bucket reduction overlaps the backward because it
 runs on another stream. Every request that holds a stream writes one event
 ``(stage, stream, name, start_s, end_s)`` to the log, which the trace exporter
-(`simulator.step.trace`) and the tests read.
+(`simulator.step.trace`) and the tests read. Communication hidden under a pass (ZeRO-3
+prefetch, TP overlap: `StageCosts.fwd_overlap_s`) is logged on an ``overlap`` track from the
+pass's start; it holds no stream and adds no time.
 """
 
 from __future__ import annotations
@@ -132,6 +134,13 @@ def _bucket_reduce(env: simpy.Environment, rank: _Rank, c: StageCosts, start: fl
     done.succeed()
 
 
+def _log_overlap(pipe: _Pipeline, rank: _Rank, name: str, seconds: float) -> None:
+    # Communication hidden under the pass about to start (`StageCosts.fwd_overlap_s`): drawn
+    # on the ``overlap`` track from the pass's start; it holds no stream, costs no time.
+    if pipe.log is not None and seconds > 0:
+        pipe.log.append((rank.stage, "overlap", name, rank.env.now, rank.env.now + seconds))
+
+
 def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule: str, m: int,
                    virtual_stages: int, overlap_dp: bool):
     pp, last_g, rank = pipe.pp, len(pipe.costs) - 1, pipe.ranks[stage]
@@ -145,6 +154,7 @@ def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule
         if kind == "F":
             if g > 0:
                 yield pipe.arrival(("F", g, k))
+            _log_overlap(pipe, rank, f"overlap-F{tag}", c.fwd_overlap_s)
             yield from rank.hold("compute", f"F{tag}", c.fwd_compute_s)
             yield from rank.hold("comm", f"tp-F{tag}", c.fwd_comm_s)
             if g < last_g:
@@ -155,6 +165,7 @@ def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule
                 yield pipe.arrival(("B", g, k))
             if overlap_dp and i == len(order) - 1:
                 env.process(_bucket_reduce(env, rank, tail, env.now, dp_done))
+            _log_overlap(pipe, rank, f"overlap-B{tag}", c.bwd_overlap_s)
             yield from rank.hold("compute", f"B{tag}", c.bwd_compute_s)
             yield from rank.hold("comm", f"tp-B{tag}", c.bwd_comm_s)
             if g > 0:

@@ -26,7 +26,10 @@ class StageCosts:
     reduce-scatter under ZeRO) in ``dp_buckets`` equal buckets, optimizer_s updates the
     weights, dp_gather_s all-gathers updated weight shards (ZeRO 1 and 2). wgrad_s is the
     part of bwd_compute_s that computes weight gradients (the W of the zero-bubble schedules,
-    `simulator.step.zero_bubble`); the rest is the input gradient (B).
+    `simulator.step.zero_bubble`); the rest is the input gradient (B). fwd/bwd_overlap_s
+    are the communication per micro-batch that runs beside that pass's compute on its own
+    stream (ZeRO-3 prefetch, TP overlap) and is hidden by it: not part of the step time,
+    logged on the ``overlap`` track so the timeline shows how much slack is left.
     """
 
     fwd_compute_s: float
@@ -40,6 +43,8 @@ class StageCosts:
     dp_gather_s: float = 0.0
     optimizer_s: float = 0.0
     wgrad_s: float = 0.0
+    fwd_overlap_s: float = 0.0
+    bwd_overlap_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,18 @@ def test_uploaded_cluster_yaml_is_loaded_like_a_preset_file():
     assert cluster.name == "uploaded" and cluster.num_devices == 24
 
 
+def test_uploaded_cluster_keeps_its_own_name_and_node_count():
+    # a 4-node DGX H100 file: 4 servers x 8 GPUs = 32 devices (the preset's 8 per node)
+    spec = yaml.safe_load((PRESET_DIR / "clusters.yaml").read_text())["dgx-h100"]
+    text = yaml.safe_dump({**spec, "nodes": 4})
+    cluster = views.cluster_from_inputs("upload", preset="dgx-h100", nodes=None,
+                                        uploaded=text, uploaded_name="my-pod.yaml")
+    assert cluster.name == "my-pod" and cluster.num_nodes == 4 and cluster.num_devices == 32
+    # a size typed in the sidebar still overrides the file's
+    assert views.cluster_from_inputs("upload", preset="dgx-h100", nodes=2, uploaded=text,
+                                     uploaded_name="my-pod.yaml").num_devices == 16
+
+
 def test_step_breakdown_adds_up_to_the_step(traced):
     *_, pred = traced
     parts = views.step_breakdown(pred).set_index("part")["seconds"]
@@ -76,7 +88,26 @@ def test_gantt_frame_has_one_row_per_event_up_to_the_limit(traced):
     assert set(frame["stage"]) == {0, 1}
     assert {"forward", "backward"} <= set(frame["kind"])
     assert len(views.gantt_frame(pred.events, limit=5)) == 5
-    assert views.gantt_chart(frame).to_dict()["mark"]["type"] == "bar"
+    spec = views.gantt_chart(frame).to_dict()
+    assert spec["mark"]["type"] == "bar"
+    # zoom and pan bind the time (x) scale only: every lane stays labelled
+    zoom = [p for p in spec["params"] if p.get("bind") == "scales"]
+    assert len(zoom) == 1 and zoom[0]["select"]["encodings"] == ["x"]
+    axis = spec["encoding"]["y"]["axis"]
+    assert axis["labelOverlap"] is False and axis["labelLimit"] == 0
+
+
+def test_memory_chart_draws_the_usable_limit(traced):
+    _, cluster, _, pred = traced
+    # H100 SXM: 80 GB = 80e9 B = 74.5 GiB; 0.9 of it usable = 67.1 GiB
+    limits = views.memory_limits(cluster.device.memory_bytes, 0.9).set_index("limit")["GiB"]
+    assert limits["device memory"] == pytest.approx(80e9 / 2**30)
+    assert limits["usable limit"] == pytest.approx(0.9 * 80e9 / 2**30)
+    spec = views.memory_chart(pred, cluster.device.memory_bytes, 0.9).to_dict()
+    rules = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rule"]
+    assert len(rules) == 1
+    data = spec["datasets"][rules[0]["data"]["name"]]
+    assert sorted(row["GiB"] for row in data) == pytest.approx(sorted(limits))
 
 
 def test_cluster_figure_draws_every_device(traced):
@@ -135,3 +166,28 @@ def test_launch_files_of_a_context_parallel_plan_give_its_command():
     files = views.launch_files(model, plan, cluster, simulate(model, plan, cluster), "p.yaml")
     assert files["command"].startswith("python -m torch.distributed.run --nproc-per-node 2")
     assert files["sbatch"] == ""
+
+
+def test_timeline_draws_the_overlapped_zero3_traffic():
+    # ZeRO-3 on 16 H100s: each block's weights are all-gathered in the forward (gathered
+    # again and the gradients reduce-scattered in the backward) beside the compute. The
+    # timeline shows that traffic: the hidden part on the overlap lane, the rest exposed on
+    # the comm lane, adding up to the layers' whole gather (32 blocks x one block's gather).
+    from simulator.step.costs import _zero3_layer_comm
+    from simulator.step.stagecosts import SimOptions
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    plan = Plan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=64, zero_stage=3)
+    pred = simulate(model, plan, cluster, trace=True)
+    frame = views.gantt_frame(pred.events)
+    hidden = frame[frame["kind"] == "overlapped comm (hidden)"]
+    assert set(hidden["lane"]) == {"stage 0 · overlap"}
+    assert len(hidden) == 2 * plan.num_microbatches  # one per forward and backward
+    gather, gather_scatter = _zero3_layer_comm(model, plan, cluster, 0, SimOptions())
+    ms = (frame["end_ms"] - frame["start_ms"]).groupby(frame["name"]).sum()
+    assert ms["overlap-F0"] + ms["tp-F0"] == pytest.approx(
+        model.num_layers * gather * 1e3, rel=1e-9)
+    assert ms["overlap-B0"] + ms["tp-B0"] == pytest.approx(
+        model.num_layers * gather_scatter * 1e3, rel=1e-9)
+    # hidden under the pass it overlaps, and not counted in the step
+    assert ms["overlap-F0"] < ms["F0"] and ms["overlap-B0"] < ms["B0"]
+    assert pred.step_time_s == pytest.approx(simulate(model, plan, cluster).step_time_s)

@@ -107,9 +107,33 @@ def test_predicted_vs_measured_reads_a_results_folder(tmp_path):
              "measured_step_time_s": 0.125, "rel_error": -0.2}]
     (tmp_path / "compare.json").write_text(json.dumps({"rows": rows, "mape": 0.2}))
     at = _app(results_dir=str(tmp_path))
-    measured = next(df.value for df in at.dataframe if "measured_step_time_s" in df.value)
+    measured = next(df.value for df in at.dataframe if "measured_step_time (ms)" in df.value)
     assert measured["id"].tolist() == ["tp1-pp1-dp2-mb1-gb8"]
-    assert measured["rel_error_pct"].iloc[0] == pytest.approx(-20.0)
+    # the chart's unit: 0.125 s = 125 ms; (0.10 - 0.125) / 0.125 = -20 %
+    assert measured["measured_step_time (ms)"].iloc[0] == pytest.approx(125.0)
+    assert measured["error (%)"].iloc[0] == pytest.approx(-20.0)
+    assert _metric(at, "MAPE") == "20.0%"
+
+
+def test_measured_tab_lists_a_compare_run_once_with_the_mape(tmp_path):
+    # `meshplan compare` writes compare.json and, per row, <id>/summary.json with the plan's
+    # prediction: the same run twice unless the tab matches them up
+    rows = [{"id": "a", "predicted_step_time_s": 0.10, "measured_step_time_s": 0.125},
+            {"id": "b", "predicted_step_time_s": 0.33, "measured_step_time_s": 0.30}]
+    (tmp_path / "compare.json").write_text(json.dumps({"rows": rows}))
+    for row in rows:
+        (tmp_path / row["id"]).mkdir()
+        (tmp_path / row["id"] / "summary.json").write_text(json.dumps(
+            {"plan_id": row["id"], "step_time_s": row["measured_step_time_s"],
+             "prediction": {"step_time_s": row["predicted_step_time_s"]}}))
+    (tmp_path / "solo").mkdir()  # a `meshplan run` of its own
+    (tmp_path / "solo" / "summary.json").write_text(json.dumps(
+        {"plan_id": "c", "step_time_s": 1.0, "prediction": {"step_time_s": 1.0}}))
+    at = _app(results_dir=str(tmp_path))
+    measured = next(df.value for df in at.dataframe if "measured_step_time (ms)" in df.value)
+    assert sorted(measured["id"]) == ["a", "b", "c"]
+    # |-0.025/0.125| = 20 %, |0.03/0.30| = 10 %, 0 %: MAPE (20 + 10 + 0) / 3 = 10.0 %
+    assert _metric(at, "MAPE") == "10.0%" and _metric(at, "runs") == "3"
 
 
 def test_empty_results_folder_says_how_to_make_one(tmp_path):
@@ -155,6 +179,11 @@ def test_no_legal_plan_lists_the_commonest_reasons():
     # pp=4: 31, 32, 32, 31) it is a middle one
     assert re.search(r"out of memory: stage \d+ needs", at.error[0].value)
     assert at.warning and at.warning[0].value.startswith("no plan fits:")
+    # the closest plans in GiB, not bytes: each needs more than the usable 76e9 B = 70.8 GiB
+    closest = next(df.value for df in at.dataframe if "usable (GiB)" in df.value)
+    assert not [c for c in closest.columns if c.endswith("_bytes")]
+    assert closest["usable (GiB)"].iloc[0] == pytest.approx(0.95 * 80e9 / 2**30, abs=0.01)
+    assert (closest["peak_memory (GiB)"] > closest["usable (GiB)"]).all()
 
 
 def test_localhost_cluster_uses_ranks():
@@ -184,3 +213,34 @@ def test_every_widget_has_a_stable_key():
     widgets = [w for kind in kinds for w in getattr(at, kind)]
     assert len(widgets) > 30
     assert all(w.key for w in widgets), [w.label for w in widgets if not w.key]
+
+
+def test_ranked_table_draws_its_one_value_columns_narrow():
+    # 17 columns beside the sidebar overflow a 1,440 px window at Streamlit's default widths;
+    # the degree and flag columns are drawn "small" so the table fits
+    at = _app()
+    table = next(df for df in at.dataframe if "plan" in df.value.columns)
+    config = json.loads(table.proto.columns)
+    shown = [c for c in ("tp", "pp", "dp", "mb", "sp", "zero") if c in table.value.columns]
+    assert len(shown) >= 5
+    assert all(config[c]["width"] == "small" for c in shown)
+
+
+def test_custom_model_form_has_every_model_spec_field():
+    import dataclasses
+
+    from planner.spec import ModelSpec
+    at = _app(model_source="custom")
+    keys = {w.key for kind in ("number_input", "selectbox", "checkbox")
+            for w in getattr(at, kind)}
+    fields = {f.name for f in dataclasses.fields(ModelSpec)} - {"name", "source", "seq_len"}
+    assert {f"custom_{f}" for f in fields} <= keys
+    # a field beyond the six the form used to have reaches the model: an 8-expert MoE
+    at.number_input(key="custom_num_experts").set_value(8)
+    at.number_input(key="custom_experts_per_token").set_value(2)
+    at.number_input(key="custom_moe_ffn_hidden").set_value(4096).run()
+    assert not at.exception and not at.error
+    moe = load_model("llama3-8b").replace(num_experts=8, experts_per_token=2,
+                                          moe_ffn_hidden=4096)
+    assert moe.num_params() != load_model("llama3-8b").num_params()
+    assert f"**llama3-8b-custom** ({moe.num_params() / 1e9:.2f}B params" in at.caption[0].value

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from planner.launch import procs_per_node, sbatch_script, torchrun_node_command
+from planner.launch import (
+    activate_lines,
+    nccl_env,
+    procs_per_node,
+    sbatch_script,
+    torchrun_node_command,
+)
 from planner.planfile import ClusterRef, PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import Plan, PlanError
@@ -73,6 +79,49 @@ def test_sbatch_script(big_plan):
     assert any(ln.startswith("export RDZV_HOST=$(scontrol show hostnames") for ln in lines)
     # bash can parse it
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_sbatch_script_activates_this_environment_and_sets_the_fabrics_nccl_variables(
+        big_plan, tmp_path):
+    # NCCL docs, "Environment Variables": NCCL_IB_GID_INDEX selects the RoCE GID (RoCE v2
+    # is index 3 on mlx5 by show_gids); NCCL_SOCKET_IFNAME filters interfaces by prefix.
+    roce = sbatch_script(big_plan, nodes=16, transport="roce").splitlines()
+    assert "export NCCL_IB_GID_INDEX=3" in roce
+    assert "export NCCL_SOCKET_IFNAME='^docker,lo'" in roce
+    ib = sbatch_script(big_plan, nodes=16, transport="infiniband", socket_ifname="=ens1f0")
+    assert "NCCL_IB_GID_INDEX" not in ib  # InfiniBand addresses by LID, no GID to pick
+    assert "export NCCL_SOCKET_IFNAME==ens1f0" in ib.splitlines()
+    assert nccl_env("roce", gid_index=5)["NCCL_IB_GID_INDEX"] == "5"
+    with pytest.raises(PlanError, match="gid_index=-1 must be >= 0"):
+        sbatch_script(big_plan, nodes=16, transport="roce", gid_index=-1)
+    # the environment meshplan runs from (sys.prefix) is activated before srun
+    lines = sbatch_script(big_plan, nodes=16).splitlines()
+    activate = lines.index(activate_lines()[-1])
+    assert activate < next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("")
+    assert activate_lines(str(tmp_path / "venv")) == [
+        f"source {tmp_path / 'venv' / 'bin' / 'activate'}"]
+    (tmp_path / "conda" / "conda-meta").mkdir(parents=True)
+    assert activate_lines(str(tmp_path / "conda"))[-1] == f"conda activate {tmp_path / 'conda'}"
+    subprocess.run(["bash", "-n"], input="\n".join(roce), text=True, check=True)
+
+
+def test_launch_cli_script_carries_the_run_flags_and_the_clusters_fabric(tmp_path):
+    plan = write_plan_file(tmp_path / "roce.yaml", PlanFile(
+        model=load_model("llama3-70b"), plan=Plan(tp=8, pp=1, dp=2, micro_batch=1,
+                                                  global_batch=16),
+        cluster=ClusterRef(name="dgx-h100-roce", nodes=2)))
+    script = tmp_path / "train.sbatch"
+    proc = subprocess.run([sys.executable, "-m", "apps.cli", "launch", str(plan), "--nodes",
+                           "2", "--slurm", str(script), "--steps", "37", "--checkpoint-every",
+                           "5", "--gid-index", "1", "--socket-ifname", "=eth0"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = script.read_text()
+    assert "--steps 37" in text and "--checkpoint-every 5" in text and "--steps 10" not in text
+    assert "export NCCL_IB_GID_INDEX=1" in text.splitlines()
+    assert "export NCCL_SOCKET_IFNAME==eth0" in text.splitlines()
 
 
 def _free_port() -> int:
