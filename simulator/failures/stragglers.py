@@ -73,7 +73,7 @@ def slowed_costs(costs: list[StageCosts], factors: tuple[float, ...],
     ... # doctest: +NORMALIZE_WHITESPACE
     StageCosts(fwd_compute_s=3.0, bwd_compute_s=6.0, fwd_comm_s=5, bwd_comm_s=0.0,
                p2p_fwd_s=0.0, p2p_bwd_s=0.0, dp_comm_s=0.0, dp_buckets=1, dp_gather_s=0.0,
-               optimizer_s=0.0, wgrad_s=0.0)
+               optimizer_s=0.0, wgrad_s=0.0, fwd_overlap_s=0.0, bwd_overlap_s=0.0)
     """
     pp = len(factors)
     f = [factors[chunk_rank(schedule, pp, g)] for g in range(len(costs))]
