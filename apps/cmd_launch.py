@@ -135,11 +135,9 @@ def elastic_train_args(args: argparse.Namespace) -> list[str]:
         per_node = pf.plan.world_size // args.nodes
         for nodes in range(min_nodes, args.nodes):
             plan_for_world(pf, nodes * per_node)
-    flags = fault_cli_args(checkpoint_every=args.checkpoint_every, keep=args.keep,
-                           resume=args.resume, timeout_s=args.timeout_s)
-    if args.checkpoint_dir:
-        flags += ["--checkpoint-dir", args.checkpoint_dir]
-    return flags
+    return fault_cli_args(checkpoint_every=args.checkpoint_every, keep=args.keep,
+                          checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                          timeout_s=args.timeout_s)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -173,8 +171,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                         f"{given[0]} out, or --slurm to print the torchrun lines")
     out = {}
     if args.slurm:
-        port = parse_endpoint(args.rdzv_endpoint)[1] if args.rdzv_endpoint else args.port
-        script = sbatch_script(args.plan, nodes=args.nodes, port=port, steps=args.steps,
+        script = sbatch_script(args.plan, nodes=args.nodes, port=args.port, steps=args.steps,
                                out_dir=args.out, data=args.data, time_limit=args.time,
                                partition=args.partition, min_nodes=args.min_nodes,
                                rdzv_backend=args.rdzv_backend,

@@ -37,7 +37,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import yaml
 
@@ -63,7 +63,7 @@ Attention = Literal["flash", "flash-triton", "unfused"]
 #: PyTorch's ``context_parallel`` SDPA as torchtitan runs it (`torch_cp_merge_bytes`,
 #: `simulator.step.costs.torch_cp_comm`).
 CpAttention = Literal["ring", "pytorch"]
-CP_ATTENTIONS = ("ring", "pytorch")
+CP_ATTENTIONS = get_args(CpAttention)
 #: FlashAttention in Triton (the FlashAttention-1 algorithm, e.g. llm-foundry's
 #: ``attn_impl: triton``) relative to FlashAttention-2: Dao 2023 ("FlashAttention-2", §4.1)
 #: measures FlashAttention-2 1.3-2.5x faster on A100; the geometric middle, 1.8x, is used.

@@ -367,12 +367,12 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
         (d, optimizer_bytes_per_param(plan.dtype))
     linear = _linear_params(model) / plan.tp
     cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
+    gathered = zero3_buffer_bytes(model, plan)          # the same on every stage
     for stage in range(plan.pp) if stages is None else stages:
         params, experts = splits[stage] if splits else stage_param_split(model, plan, stage)
         layers = sum(chunks[c] for c in held_chunks[stage])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
                                                            held_chunks[stage])
-        gathered = zero3_buffer_bytes(model, plan)
         if moe:
             from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
             acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)

@@ -234,7 +234,7 @@ def _timeline(costs: list[StageCosts], schedule: str, m: int,
                         break
                     if arrived > start:
                         start = arrived
-                else:
+                else:                                  # every input has arrived
                     arrived = start
                 if arrived is None:                    # an input not made yet: wait
                     break
