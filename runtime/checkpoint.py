@@ -259,10 +259,6 @@ def store_of(checkpoint: Path | str) -> CheckpointStore:
     return CheckpointStore(parent)
 
 
-def sha256_file(path: Path) -> str:
-    return CheckpointStore(Path(path).parent).sha256(path)
-
-
 def build_manifest(folder: Path | str, step: int) -> dict:
     """The manifest of checkpoint ``folder``: sha256 and size of every file but the manifest."""
     store = store_of(folder)

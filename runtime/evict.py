@@ -349,8 +349,8 @@ def join_smaller_group(rank: int, world: int, number: int) -> None:
     (and `runtime.train.init_distributed` its rendezvous prefix), so the smaller group is
     this process with that environment rewritten; the agent's store stays the rendezvous.
     """
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MESHPLAN_LAYOUT=str(number))
+    # LOCAL_RANK stays: it names this process's device on its node, which does not move
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MESHPLAN_LAYOUT=str(number))
 
 
 def next_layout(config, *, stopped=lambda: False):

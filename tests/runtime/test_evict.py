@@ -155,13 +155,15 @@ class TestInPlace:
         for name in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MESHPLAN_LAYOUT"):
             monkeypatch.setenv(name, "0")
         monkeypatch.setenv("RANK", "2")
+        monkeypatch.setenv("LOCAL_RANK", "2")
         config = TrainConfig(plan_path="old.yaml", out_dir=str(tmp_path),
                              inject=("slow:rank=1,factor=3", "kill:rank=2,step=9"),
                              on_straggler="evict")
         new = next_layout(config)
-        # old rank 2 is new rank 1 of 2, in the rendezvous of the job's first eviction
-        assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MESHPLAN_LAYOUT"]) \
-            == ("1", "2", "1")
+        # old rank 2 is new rank 1 of 2, in the rendezvous of the job's first eviction; its
+        # device (LOCAL_RANK) is the one it had
+        assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MESHPLAN_LAYOUT"],
+                os.environ["LOCAL_RANK"]) == ("1", "2", "1", "2")
         assert new.plan_path == "new.yaml" and new.inject == ("kill:rank=1,step=9",)
         assert new.resume == str(tmp_path / "checkpoints")
 
