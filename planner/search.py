@@ -22,7 +22,7 @@ from planner.precision import search_dtypes
 from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import ModelSpec, Plan, PlanError
 from simulator.network.cluster import Cluster
-from simulator.step.costs import DEFAULT_OPTIONS, step_lower_bound_s
+from simulator.step.costs import DEFAULT_OPTIONS, compute_lower_bounds_s, step_lower_bound_s
 from simulator.step.memory import MemoryBreakdown, worst_stage_memory
 from simulator.step.simulate import StepPrediction, estimate, simulate
 
@@ -167,13 +167,15 @@ def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_bat
            num_devices: int | None, max_devices: int | None, memory_headroom: float,
            dtype: str, overlap_dp: bool = False, prune: int | None = None,
            progress: Callable[[str], None] | None = None):
-    """The analytical tier: ``(screened, rejected, closest, candidates)``; ``progress`` (if
-    given) is called with a one-line status every `PROGRESS_EVERY` candidates and estimates.
+    """The analytical tier: ``(screened, rejected, closest, candidates, fitting)``;
+    ``progress`` (if given) is called with a one-line status every `PROGRESS_EVERY`
+    candidates and estimates.
 
     screened: ``(plan, estimate)`` of every legal plan that fits (with ``prune``, of those
     `prune_by_bound` costs), in enumeration order; rejected: rows with reasons;
     closest: the `CLOSEST_KEPT` out-of-memory plans that need least, as ``(need_bytes, id,
-    plan, stage, breakdown)``; candidates: plans plus rejected branches seen.
+    plan, stage, breakdown)``; candidates: plans plus rejected branches seen; fitting: every
+    legal plan that fits, costed or not, in enumeration order.
     """
     limit = cluster.device.memory_bytes * memory_headroom
     rejected: list[dict] = []
@@ -213,7 +215,7 @@ def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_bat
             screened.append((p, estimate(model, p, cluster, overlap_dp=overlap_dp)))
     else:
         screened = prune_by_bound(model, cluster, fitting, prune, overlap_dp)
-    return screened, rejected, closest, candidates
+    return screened, rejected, closest, candidates, fitting
 
 
 def prune_by_bound(model: ModelSpec, cluster: Cluster, plans: list[Plan], keep: int,
@@ -250,21 +252,37 @@ def prune_by_bound(model: ModelSpec, cluster: Cluster, plans: list[Plan], keep: 
 
 
 def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPrediction]],
-           top_k: int, overlap_dp: bool = False) -> dict[str, StepPrediction]:
+           top_k: int, overlap_dp: bool = False, *, pruned: list[Plan] = (),
+           order: Callable[[tuple[Plan, StepPrediction]], tuple] | None = None
+           ) -> tuple[dict[str, StepPrediction], list[tuple[Plan, StepPrediction]]]:
     """The SimPy tier: simulate the ``top_k`` best estimates, then (up to `EXTRA_REFINE` ×
     ``top_k`` more) every plan whose lower bound beats the k-th best simulated plan.
+    Returns ``(simulated by plan id, recovered)``.
 
     ``screened`` is sorted best first. The lower bound of a step is the busy time of the
     estimate's critical rank (compute_s + comm_s): no schedule runs a rank's work faster. The
     closed form follows the SimPy run within about 1% on the reference runs but is not exact
     (event order, P2P waits, straggling replicas); this second pass keeps a plan it overrates
     from being lost.
+
+    ``pruned``: plans the screen did not cost (`prune_by_bound`). Those whose compute-only
+    busy bound (`simulator.step.costs.compute_lower_bounds_s`) is below the k-th simulated
+    step could be in the second pass, so they are costed first (``recovered``, as
+    ``(plan, estimate)``) and merged into ``screened`` by ``order`` (the sort key that
+    ranked it): the second pass then sees what it sees without pruning.
     """
     screened = [(p, e) for p, e in screened if p.num_microbatches <= MAX_SIMULATED_MICROBATCHES]
     sims = {p.id: simulate(model, p, cluster, overlap_dp=overlap_dp) for p, _ in
             screened[:top_k]}
+    recovered: list[tuple[Plan, StepPrediction]] = []
+    if sims and pruned:
+        kth = sorted(s.step_time_s for s in sims.values())[-1]
+        recovered = [(p, estimate(model, p, cluster, overlap_dp=overlap_dp)) for p in pruned
+                     if p.num_microbatches <= MAX_SIMULATED_MICROBATCHES
+                     and compute_lower_bounds_s(model, p, cluster)[1] < kth]
+        screened = sorted(screened + recovered, key=order)
     if not sims or len(screened) <= top_k:
-        return sims
+        return sims, recovered
     kth = sorted(s.step_time_s for s in sims.values())[-1]
     rest = sorted((e.compute_s + e.comm_s, i) for i, (_, e) in enumerate(screened[top_k:],
                                                                          start=top_k))
@@ -273,7 +291,7 @@ def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPr
             break
         plan = screened[i][0]
         sims[plan.id] = simulate(model, plan, cluster, overlap_dp=overlap_dp)
-    return sims
+    return sims, recovered
 
 
 def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = None,
@@ -324,19 +342,30 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
     dtype = dtypes[0]
     t0, c0 = time.perf_counter(), time.process_time()
     keep = None if prune is None else max(prune, (1 + EXTRA_REFINE) * top_k)
-    screened, rejected, closest, candidates = [], [], [], 0
+    screened, rejected, closest, candidates, fitting = [], [], [], 0, []
     for dt in dtypes:   # `--dtype any`: every precision the device runs, ranked together
         # (with ``prune``, the best of all dtypes are among the best of each)
-        s_dt, r_dt, c_dt, n_dt = screen(
+        s_dt, r_dt, c_dt, n_dt, f_dt = screen(
             model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
             memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp, prune=keep,
             progress=progress)
         screened, rejected, candidates = screened + s_dt, rejected + r_dt, candidates + n_dt
+        fitting += f_dt
         closest = sorted(closest + c_dt, key=lambda e: e[0])[:CLOSEST_KEPT]
     t1, c1 = time.perf_counter(), time.process_time()
-    # Best first; among equal speeds the plan that needs less memory.
-    screened.sort(key=lambda pair: (-pair[1].tokens_per_s, pair[1].peak_memory_bytes))
-    refined = refine(model, cluster, screened, top_k, overlap_dp)
+    # Best first; among equal speeds the plan that needs less memory, then the first seen.
+    position = {p.id: i for i, p in enumerate(fitting)}
+
+    def order(pair: tuple[Plan, StepPrediction]) -> tuple:
+        return -pair[1].tokens_per_s, pair[1].peak_memory_bytes, position[pair[0].id]
+
+    screened.sort(key=order)
+    costed = {p.id for p, _ in screened}
+    refined, recovered = refine(model, cluster, screened, top_k, overlap_dp,
+                                pruned=[p for p in fitting if p.id not in costed],
+                                order=order)
+    if recovered:
+        screened = sorted(screened + recovered, key=order)
     rows, plans, preds = [], {}, {}
     for plan, pred in screened:
         tier = "estimated"

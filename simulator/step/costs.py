@@ -463,28 +463,52 @@ def _fresh_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
 def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
                        options: SimOptions = DEFAULT_OPTIONS) -> float:
     """A compute-only lower bound of the closed-form step time
-    (`simulator.step.pipeline.estimate_pipeline` over `stage_costs`), in seconds.
+    (`simulator.step.pipeline.estimate_pipeline` over `stage_costs`), in seconds: the first
+    of `compute_lower_bounds_s`.
+
+    Raises:
+        PlanError: as `stage_costs`.
+    """
+    return compute_lower_bounds_s(model, plan, cluster, options)[0]
+
+
+def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
+                           options: SimOptions = DEFAULT_OPTIONS) -> tuple[float, float]:
+    """Compute-only lower bounds ``(step_s, busy_s)`` of the closed form
+    (`simulator.simulate.estimate`): of its step time, and of its critical rank's busy time
+    (``compute_s + comm_s``), in seconds; no communication is costed.
 
     With C_r = the forward + backward compute of one micro-batch on pipeline rank r (its
-    chunks summed, no communication): ``m·max_r C_r + (Σ_r C_r − max_r C_r)/v``. The closed
-    form is the same expression over C_r plus each chunk's exposed communication, plus P2P
-    and the DP / optimizer tail, all ≥ 0; the expression grows with every C_r (its slope is
+    chunks, by `planner.mesh.chunk_rank`, summed): for GPipe / 1F1B / interleaved 1F1B
+    ``step_s = m·max_r C_r + (Σ_r C_r − max_r C_r)/v``. The closed form is the same
+    expression over C_r plus each chunk's exposed communication, plus P2P and the DP /
+    optimizer tail, all ≥ 0; the expression grows with every C_r (its slope is
     m − 1/v + 1/v ≥ 0 in the largest and 1/v in the others), so it is never above the step.
-    0 (no bound) where the step has another closed form or other compute terms: zero-bubble
-    schedules (`simulator.step.zero_bubble`), MoE and MLA models (`simulator.step.moe`), and
-    a calibrated CPU cluster (measured tables).
+
+    Zero-bubble schedules (`simulator.step.zero_bubble.estimate_zero_bubble`):
+    ``step_s = max_r (s_r + m·C_r)``. Rank r runs every F, B and W of its chunks, m
+    micro-batches, one step at a time, so its last op ends at least m·C_r after its first
+    starts; its first op is the forward of micro-batch 0 on its first chunk r, which waits
+    for that micro-batch's forwards on chunks 0 .. r − 1: s_r = Σ_{g<r} F_g (0 with
+    ``options.optimizer_post_validation``, whose step is counted from each rank's first op).
+
+    ``busy_s = m·min_r C_r``: whichever rank is critical computes m micro-batches of its
+    chunks (its ``compute_s`` counts them all).
+
+    (0, 0) (no bound) where the step has other compute terms: MoE and MLA models
+    (`simulator.step.moe`) and a calibrated CPU cluster (measured tables).
 
     Raises:
         PlanError: as `stage_costs`.
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if (cluster.cpu_profile is not None and plan.cp == 1) or model.is_moe or model.is_mla \
-            or plan.schedule in ZERO_BUBBLE_SCHEDULES:
-        return 0.0
+    if (cluster.cpu_profile is not None and plan.cp == 1) or model.is_moe or model.is_mla:
+        return 0.0, 0.0
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     chunks = plan.layers_per_stage(model)
     pp, work, seen = plan.pp, [0.0] * plan.pp, {}
+    fill, forwards = [0.0] * pp, 0.0  # forwards: Σ F_g over the chunks before g
     for g, layers in enumerate(chunks):
         first, last = g == 0, g == len(chunks) - 1
         key = (layers, first, last)
@@ -492,10 +516,18 @@ def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
             edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff,
                                 first=first, last=last, cp=plan.cp)
             fwd, bwd, _, _ = _chunk_compute(plan, layers, lc, edge, host_re)
-            seen[key] = fwd + bwd
-        work[g % pp] += seen[key]
-    busiest = max(work)
-    return plan.num_microbatches * busiest + (sum(work) - busiest) / plan.virtual_stages
+            seen[key] = (fwd, fwd + bwd)
+        if g < pp:
+            fill[g] = forwards
+        forwards += seen[key][0]
+        work[chunk_rank(plan.schedule, pp, g)] += seen[key][1]
+    m, busiest = plan.num_microbatches, max(work)
+    busy = m * min(work)
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        if options.optimizer_post_validation:
+            return m * busiest, busy
+        return max(f + m * w for f, w in zip(fill, work, strict=True)), busy
+    return m * busiest + (sum(work) - busiest) / plan.virtual_stages, busy
 
 
 def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:
