@@ -17,7 +17,13 @@ Cases and targets:
   MT-NLG 530B on 5,120 A100s): candidates per CPU second of each, the speed-up, and whether
   the top 20 (ids, placements, step times, memory) are the same; target >= 10,000 candidates
   per CPU second for 175B on the new path. The old path turns the cost memo off
-  (`simulator.network.collectives.cost_memo`) and costs every plan (no ``prune``).
+  (`simulator.network.collectives.cost_memo`) and costs every plan (no ``prune``);
+- the same for an MoE search: DeepSeek-V3 (DeepSeek-AI 2024) on 1,024 H100s at its
+  pre-training batch of 15,360 sequences of 4,096 tokens (report §4.2), with ep, dtype
+  (``any``) and schedule (every one the planner emits) free; target: the new path's
+  analytical tier takes <= 10 CPU seconds, with the same top 20.
+
+``--screen NAME`` (repeatable) runs only the named screen cases (gpt3, mt-nlg, moe).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.presets import load_model  # noqa: E402
 from planner.search import search  # noqa: E402
+from planner.space import SearchSpace  # noqa: E402
+from planner.spec import Schedule as _Schedule  # noqa: E402
+from planner.spec import _choices  # noqa: E402
 from simulator.network.cluster import load_cluster  # noqa: E402
 from simulator.network.collectives import cost_memo  # noqa: E402
 
@@ -69,25 +78,35 @@ def run_case(model_name: str, cluster_name: str, nodes: int, kwargs: dict) -> di
             "best_mfu": None if best is None else float(best["mfu"])}
 
 
+#: Every schedule the planner emits (ZB-H2 is simulated only: `planner.space.ZB_H2_REASON`).
+_ALL_SCHEDULES = tuple(s for s in _choices(_Schedule) if s != "zb-h2")
 SCREEN_CASES = [
-    # (name, model, cluster, nodes, global batch, target candidates per CPU-s or None)
-    ("gpt3-175b on 1024 A100", "gpt3-175b", "dgx-a100", 128, 1536, 10000.0),
-    ("mt-nlg-530b on 5120 A100", "mt-nlg-530b", "dgx-a100", 640, 1920, None),
+    # (key, name, model, cluster, nodes, global batch, search keywords, target metric, value)
+    ("gpt3", "gpt3-175b on 1024 A100", "gpt3-175b", "dgx-a100", 128, 1536, {},
+     "candidates_per_cpu_s", 10000.0),
+    ("mt-nlg", "mt-nlg-530b on 5120 A100", "mt-nlg-530b", "dgx-a100", 640, 1920, {}, None,
+     None),
+    ("moe", "deepseek-v3 on 1024 H100, ep/dtype/schedule free", "deepseek-v3", "dgx-h100",
+     128, 15360, {"dtype": "any", "space": SearchSpace(schedule=_ALL_SCHEDULES)},
+     "analytical_cpu_s", 10.0),
 ]
 #: Plans the pruned screen must keep exactly: the top of the ranking compared.
 TOP = 20
 TOP_COLUMNS = ["id", "placement", "step_time_s", "tokens_per_s", "peak_memory_bytes"]
 
 
-def screen_case(model_name: str, cluster_name: str, nodes: int, global_batch: int) -> dict:
+def screen_case(model_name: str, cluster_name: str, nodes: int, global_batch: int,
+                kwargs: dict | None = None) -> dict:
     """The analytical tier on the old path (no memo, every plan costed) and the new one
-    (memo, pruned to the best `TOP`), each on a freshly loaded cluster (empty caches)."""
+    (memo, pruned to the best `TOP`), each on a freshly loaded cluster (empty caches);
+    ``kwargs``: more `planner.search.search` keywords (dtype, space)."""
     model = load_model(model_name)
     out, tops = {}, {}
     for path, memo, prune in (("old", False, None), ("new", True, TOP)):
         cluster = load_cluster(cluster_name, nodes=nodes)
         with cost_memo(memo):
-            result = search(model, cluster, global_batch=global_batch, top_k=0, prune=prune)
+            result = search(model, cluster, global_batch=global_batch, top_k=0, prune=prune,
+                            **(kwargs or {}))
         st = result.stats
         out[path] = {"candidates": st["candidates"], "estimated": st["estimated"],
                      "pruned": st["pruned"], "analytical_s": st["analytical_s"],
@@ -103,14 +122,17 @@ def screen_case(model_name: str, cluster_name: str, nodes: int, global_batch: in
 
 def _screen_line(name: str, row: dict) -> str:
     old, new = row["old"], row["new"]
-    target = row["target"]
-    verdict = "" if target is None else (f"; target >= {target:,.0f} per CPU-s: "
-                                         f"{'PASS' if row['pass'] else 'FAIL'}")
+    metric, target = row["metric"], row["target"]
+    verdict = "" if target is None else (
+        f"; target {'>=' if metric == 'candidates_per_cpu_s' else '<='} {target:,.0f} "
+        f"{'per CPU-s' if metric == 'candidates_per_cpu_s' else 'CPU-s'}: "
+        f"{'PASS' if row['pass'] else 'FAIL'}")
     return (f"screen {name}: {new['candidates']:,} candidates; old path "
-            f"{old['candidates_per_cpu_s']:,.0f} per CPU-s ({old['candidates_per_s']:,.0f}/s "
-            f"wall, {old['estimated']:,} costed) | new path "
-            f"{new['candidates_per_cpu_s']:,.0f} per CPU-s ({new['candidates_per_s']:,.0f}/s "
-            f"wall, {new['estimated']:,} costed, {new['pruned']:,} pruned); "
+            f"{old['candidates_per_cpu_s']:,.0f} per CPU-s ({old['analytical_cpu_s']:.2f} "
+            f"CPU-s, {old['candidates_per_s']:,.0f}/s wall, {old['estimated']:,} costed) | "
+            f"new path {new['candidates_per_cpu_s']:,.0f} per CPU-s "
+            f"({new['analytical_cpu_s']:.2f} CPU-s, {new['candidates_per_s']:,.0f}/s wall, "
+            f"{new['estimated']:,} costed, {new['pruned']:,} pruned); "
             f"x{row['speedup']:.1f}; top {TOP} equal: {row['top_equal']}; best {row['best']}"
             f"{verdict}")
 
@@ -120,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--only", choices=("search", "screen"),
                         help="run only the search cases or only the old/new screen cases")
+    parser.add_argument("--screen", action="append", choices=[c[0] for c in SCREEN_CASES],
+                        help="run only this screen case (repeatable; default all)")
     args = parser.parse_args(argv)
     rows, ok = [], True
     for name, model, cluster, nodes, kwargs, metric, target in (
@@ -141,11 +165,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{metric} {'>=' if metric == 'candidates_per_s' else '<='} {target:g}: "
                   f"{'PASS' if row['pass'] else 'FAIL'}", flush=True)
     screens = []
-    for name, model, cluster, nodes, gb, target in (
+    for key, name, model, cluster, nodes, gb, kwargs, metric, target in (
             SCREEN_CASES if args.only != "search" else []):
-        row = {"case": name, **screen_case(model, cluster, nodes, gb), "target": target}
-        row["pass"] = row["top_equal"] and (
-            target is None or row["new"]["candidates_per_cpu_s"] >= target)
+        if args.screen and key not in args.screen:
+            continue
+        row = {"case": name, **screen_case(model, cluster, nodes, gb, kwargs),
+               "metric": metric, "target": target}
+        value = None if metric is None else row["new"][metric]
+        row["pass"] = row["top_equal"] and (target is None or (
+            value >= target if metric == "candidates_per_cpu_s" else value <= target))
         ok &= row["pass"]
         screens.append(row)
         if not args.json:

@@ -15,6 +15,8 @@ all read the layout from here.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.spec import V_SCHEDULES, Plan, PlanError
 
 #: Every mesh axis, in the order coordinates are reported (outermost of the default first).
@@ -218,5 +220,10 @@ def rank_chunks(plan: Plan, rank: int) -> tuple[int, ...]:
     ...                  virtual_stages=2), 0)
     (0, 3)
     """
-    return tuple(g for g in range(plan.pp * plan.virtual_stages)
-                 if chunk_rank(plan.schedule, plan.pp, g) == rank)
+    return _rank_chunks(plan.schedule, plan.pp, plan.virtual_stages, rank)
+
+
+@lru_cache(maxsize=4096)
+def _rank_chunks(schedule: str, pp: int, v: int, rank: int) -> tuple[int, ...]:
+    # Cached: the memory and MoE models ask it once per candidate, stage and chunk.
+    return tuple(g for g in range(pp * v) if chunk_rank(schedule, pp, g) == rank)

@@ -289,8 +289,8 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        """Blocks with an MoE MLP."""
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        """Blocks with an MoE MLP (cached per model: the memory model asks once per stage)."""
+        return _moe_layer_count(self)
 
     def attention_matmul_params(self) -> int:
         """Matrix parameters of one attention block.
@@ -353,6 +353,11 @@ class ModelSpec:
     def replace(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+@lru_cache(maxsize=256)
+def _moe_layer_count(model: ModelSpec) -> int:
+    return sum(model.is_moe_layer(i) for i in range(model.num_layers))
 
 
 @lru_cache(maxsize=256)

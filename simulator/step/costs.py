@@ -55,7 +55,7 @@ from simulator.step.compute import (
 )
 from simulator.step.cpu_model import cpu_stage_costs
 from simulator.step.memory import optimizer_bytes_per_param, stage_param_split, stage_param_splits
-from simulator.step.moe import chunk_moe_terms, zero3_layer_groups
+from simulator.step.moe import chunk_compute, chunk_moe_terms, zero3_layer_groups
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 from simulator.step.zero_bubble import split_backward
 
@@ -495,27 +495,32 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     ``busy_s = m·min_r C_r``: whichever rank is critical computes m micro-batches of its
     chunks (its ``compute_s`` counts them all).
 
-    (0, 0) (no bound) where the step has other compute terms: MoE and MLA models
-    (`simulator.step.moe`) and a calibrated CPU cluster (measured tables).
+    MoE and MLA chunks take their blocks' compute as `stage_costs` does
+    (`simulator.step.moe.chunk_compute`, without the all-to-all). (0, 0) (no bound) on a
+    calibrated CPU cluster (measured tables).
 
     Raises:
         PlanError: as `stage_costs`.
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if (cluster.cpu_profile is not None and plan.cp == 1) or model.is_moe or model.is_mla:
+    if cluster.cpu_profile is not None and plan.cp == 1:
         return 0.0, 0.0
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     chunks = plan.layers_per_stage(model)
     pp, work, seen = plan.pp, [0.0] * plan.pp, {}
     fill, forwards = [0.0] * pp, 0.0  # forwards: Σ F_g over the chunks before g
+    by_index = model.is_moe or model.is_mla
     for g, layers in enumerate(chunks):
         first, last = g == 0, g == len(chunks) - 1
-        key = (layers, first, last)
+        key = (layers, first, last, g if by_index else -1)
         if key not in seen:
             edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff,
                                 first=first, last=last, cp=plan.cp)
-            fwd, bwd, _, _ = _chunk_compute(plan, layers, lc, edge, host_re)
+            lc_g = chunk_compute(model, plan, g, options.attention, dev, eff,
+                                 options.moe_imbalance, options.cp_attention)[0] \
+                if by_index else lc
+            fwd, bwd, _, _ = _chunk_compute(plan, layers, lc_g, edge, host_re)
             seen[key] = (fwd, fwd + bwd)
         if g < pp:
             fill[g] = forwards

@@ -84,3 +84,64 @@ def test_cli_prune_keeps_the_top_plans():
     assert 5 <= len(pruned) < len(full)
     rc0, _, err0 = plans("--prune", "0")
     assert rc0 == 2 and "--prune=0 must be > 0" in err0
+
+
+ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zb-v",
+                 "dualpipe-v")
+
+
+@pytest.mark.parametrize("post_validation", [False, True])
+def test_zero_bubble_bound_never_exceeds_the_estimate(a100x32, post_validation):
+    # every zero-bubble schedule (the closed form's timeline, extended past 2·pp or 3·pp
+    # micro-batches), with and without the optimizer's post-validation
+    import dataclasses
+
+    from simulator.step.costs import DEFAULT_OPTIONS, compute_lower_bounds_s
+    options = dataclasses.replace(DEFAULT_OPTIONS, optimizer_post_validation=post_validation)
+    model = load_model("llama3-8b")
+    space = SearchSpace(schedule=ALL_SCHEDULES[3:], zero_stage=(1,), placement=(
+        ("tp", "pp", "dp"),))
+    seen = set()
+    for gb in (32, 256):
+        for plan in enumerate_candidates(model, space, devices_per_node=8, global_batch=gb,
+                                         dtype="bf16", num_devices=32, max_devices=None):
+            if not isinstance(plan, Plan):
+                continue
+            seen.add(plan.schedule)
+            est = estimate(model, plan, a100x32, options=options)
+            step, busy = compute_lower_bounds_s(model, plan, a100x32, options)
+            assert 0 < step <= est.step_time_s, plan.id
+            assert 0 < busy <= est.compute_s + est.comm_s, plan.id
+    assert seen == set(ALL_SCHEDULES[3:])
+
+
+def test_moe_bound_never_exceeds_the_estimate(a100x32):
+    # the MoE chunks' own compute (dense and expert blocks), every schedule and ep
+    from simulator.step.costs import compute_lower_bounds_s
+    model, seen = load_model("tiny-moe"), 0
+    for plan in enumerate_candidates(model, SearchSpace(schedule=ALL_SCHEDULES, zero_stage=(1,)),
+                                     devices_per_node=8, global_batch=64, dtype="bf16",
+                                     num_devices=32, max_devices=None):
+        if not isinstance(plan, Plan):
+            continue
+        seen += 1
+        est = estimate(model, plan, a100x32)
+        step, busy = compute_lower_bounds_s(model, plan, a100x32)
+        assert 0 < step <= est.step_time_s, plan.id
+        assert 0 < busy <= est.compute_s + est.comm_s, plan.id
+    assert seen > 100
+
+
+@pytest.mark.parametrize("model_name,top_k", [("llama3-8b", 0), ("llama3-8b", 3),
+                                              ("tiny-moe", 0), ("tiny-moe", 3)])
+def test_pruned_search_keeps_the_top_with_every_schedule(a100x32, model_name, top_k):
+    # reference: the same search costing every plan; zero-bubble and MoE plans are pruned by
+    # their own bounds, and with top_k the SimPy tier refines the same plans
+    model = load_model(model_name)
+    space = SearchSpace(schedule=ALL_SCHEDULES)
+    full = search(model, a100x32, global_batch=64, top_k=top_k, space=space)
+    pruned = search(model, a100x32, global_batch=64, top_k=top_k, space=space, prune=20)
+    cols = ["id", "placement", "step_time_s", "tokens_per_s", "peak_memory_bytes", "tier"]
+    assert pruned.ranked[cols].head(20).equals(full.ranked[cols].head(20))
+    assert pruned.stats["simulated"] == full.stats["simulated"]
+    assert pruned.stats["pruned"] > 0
