@@ -361,7 +361,7 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     for c in range(len(chunks)):
         held_chunks[chunk_rank(plan.schedule, plan.pp, c)].append(c)
     moe = model.is_moe
-    splits = stage_param_splits(model, plan) if not moe else None
+    splits = stage_param_splits(model, plan)  # one pass over the chunks, MoE or not
     z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
@@ -369,13 +369,14 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
     gathered = zero3_buffer_bytes(model, plan)          # the same on every stage
     for stage in range(plan.pp) if stages is None else stages:
-        params, experts = splits[stage] if splits else stage_param_split(model, plan, stage)
+        params, experts = splits[stage]
         layers = sum(chunks[c] for c in held_chunks[stage])
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
                                                            held_chunks[stage])
         if moe:
             from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
-            acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+            expert_blocks = stage_expert_blocks(model, plan, stage)
+            acts += expert_blocks * activation_delta_bytes(model, plan)
 
         def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
             # bytes of both parameter groups, each sharded over its own group under ZeRO
@@ -391,7 +392,7 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
             routed = model.num_experts * model.expert_params() * model.num_moe_layers \
                 / model.num_layers
             mine = (_linear_params(model) - routed) / plan.tp * layers
-            local = stage_expert_blocks(model, plan, stage) * expert_params_per_block(model, plan)
+            local = expert_blocks * expert_params_per_block(model, plan)
             cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
         else:
             cached = linear * layers * wc / (shard if z >= 3 else 1)

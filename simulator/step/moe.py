@@ -78,9 +78,17 @@ def _block_table(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _chunk_range(model: ModelSpec, plan: Plan, chunk: int) -> tuple[int, int]:
-    sizes = plan.layers_per_stage(model)
-    first = sum(sizes[:chunk])
-    return first, first + sizes[chunk]
+    starts = _chunk_starts(plan.layers_per_stage(model))
+    return starts[chunk], starts[chunk + 1]
+
+
+@lru_cache(maxsize=1024)
+def _chunk_starts(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    # First block of each chunk, and the block count at the end (prefix sums of ``sizes``).
+    out = [0]
+    for n in sizes:
+        out.append(out[-1] + n)
+    return tuple(out)
 
 
 def chunk_moe_blocks(model: ModelSpec, plan: Plan, chunk: int) -> int:

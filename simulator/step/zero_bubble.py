@@ -24,6 +24,7 @@ import simpy
 from planner.mesh import chunk_rank
 from planner.precision import storage_dtype
 from planner.spec import ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
+from simulator.network.collectives import memo_enabled
 from simulator.network.hardware import DeviceProfile
 from simulator.step.compute import (
     ATTENTION_CORE,
@@ -205,6 +206,28 @@ def _dependencies(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple, 
     return tuple(ranks)
 
 
+#: Timelines kept by `_timeline_memo` (cleared when full).
+TIMELINE_MEMO_SIZE = 8192
+_TIMELINES: dict[tuple, tuple] = {}
+
+
+def _timeline_memo(costs: list[StageCosts], schedule: str, m: int, v: int) -> tuple:
+    # `_timeline`, memoised by what it reads: the schedule's shape and each chunk's op and
+    # send times. Plans that differ only in ZeRO stage, DP layout or the optimizer share the
+    # chunks' times and so their timeline. Off with the cost memo
+    # (`simulator.network.collectives.cost_memo`).
+    if not memo_enabled():
+        return _timeline(costs, schedule, m, v)
+    key = (schedule, m, v, tuple((c.fwd_compute_s, c.bwd_compute_s, c.wgrad_s, c.fwd_comm_s,
+                                  c.bwd_comm_s, c.p2p_fwd_s, c.p2p_bwd_s) for c in costs))
+    hit = _TIMELINES.get(key)
+    if hit is None:
+        if len(_TIMELINES) >= TIMELINE_MEMO_SIZE:
+            _TIMELINES.clear()
+        hit = _TIMELINES[key] = tuple(tuple(x) for x in _timeline(costs, schedule, m, v))
+    return hit
+
+
 def _timeline(costs: list[StageCosts], schedule: str, m: int,
               v: int) -> tuple[list[float], list[float], list[float], list[float]]:
     # Each rank's (end of its last op, busy compute, exposed comm, start of its first op)
@@ -272,14 +295,14 @@ def estimate_zero_bubble(costs: list[StageCosts], schedule: str, num_microbatche
     pp, v, m = len(costs) // virtual_stages, virtual_stages, num_microbatches
     if m <= 2 * pp or (schedule == "interleaved-zb" and m % pp) or \
             (schedule == "dualpipe-v" and m <= 3 * pp):
-        ends, compute, comm, starts = _timeline(costs, schedule, m, v)
+        ends, compute, comm, starts = _timeline_memo(costs, schedule, m, v)
     elif schedule == "dualpipe-v":
-        runs = [_timeline(costs, schedule, n, v) for n in (2 * pp, 3 * pp)]
+        runs = [_timeline_memo(costs, schedule, n, v) for n in (2 * pp, 3 * pp)]
         ends, compute, comm, starts = ([b + (b - a) * (m - 3 * pp) / pp
                                         for a, b in zip(*pair, strict=True)]
                                        for pair in zip(*runs, strict=True))
     else:
-        ends, compute, comm, starts = _timeline(costs, schedule, 2 * pp, v)
+        ends, compute, comm, starts = _timeline_memo(costs, schedule, 2 * pp, v)
         work = [[c for g, c in enumerate(costs) if chunk_rank(schedule, pp, g) == r]
                 for r in range(pp)]
         per_mb = [(sum(c.fwd_compute_s + c.bwd_compute_s for c in w),

@@ -73,3 +73,34 @@ def test_worst_stage_is_the_largest_of_every_stage(plan):
     stages = memory_per_stage(model, plan, attention="flash")
     worst = max(range(len(stages)), key=lambda i: stages[i].total_bytes)
     assert worst_stage_memory(model, plan, attention="flash") == (worst, stages[worst])
+
+
+ZB_PLANS = [
+    Plan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=64, schedule="zb-h1"),
+    Plan(tp=4, pp=4, dp=8, micro_batch=1, global_batch=64, schedule="zb-v", virtual_stages=2),
+    Plan(tp=4, pp=4, dp=8, micro_batch=1, global_batch=256, schedule="dualpipe-v",
+         virtual_stages=2, zero_stage=1),
+    Plan(tp=4, pp=4, dp=8, micro_batch=1, global_batch=64, schedule="interleaved-zb",
+         virtual_stages=2, zero_stage=2),
+]
+
+
+@pytest.mark.parametrize("plan", ZB_PLANS, ids=lambda p: p.id)
+def test_memoised_zero_bubble_timeline_equals_the_uncached_one(plan):
+    # reference: the same closed form with the timeline scheduled afresh (memo off)
+    from simulator.step.simulate import estimate
+    from simulator.step.zero_bubble import _TIMELINES
+    model = load_model("llama3-8b")
+    with cost_memo(False):
+        fresh = estimate(model, plan, load_cluster("dgx-h100", nodes=16))
+    _TIMELINES.clear()
+    cluster = load_cluster("dgx-h100", nodes=16)
+    first = estimate(model, plan, cluster)
+    assert _TIMELINES  # the memo was filled
+    again = estimate(model, plan.replace(zero_stage=3 - plan.zero_stage), cluster)
+    assert (first.step_time_s, first.compute_s, first.comm_s) == \
+        (fresh.step_time_s, fresh.compute_s, fresh.comm_s)
+    with cost_memo(False):
+        other = estimate(model, plan.replace(zero_stage=3 - plan.zero_stage),
+                         load_cluster("dgx-h100", nodes=16))
+    assert (again.step_time_s, again.comm_s) == (other.step_time_s, other.comm_s)
