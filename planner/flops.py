@@ -9,6 +9,8 @@ measurements both report MFU and HFU with `mfu` and `hfu`, so the two compare.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.spec import ModelSpec, Plan
 
 
@@ -24,9 +26,16 @@ def matmul_params(model: ModelSpec) -> int:
     logits ``hidden · num_experts``), which is 6·N_active per token.
     """
     if model.is_moe:
-        return sum(model.block_params(i, active=True, matmul_only=True)
-                   for i in range(model.num_layers)) + model.vocab_size * model.hidden
+        return _moe_matmul_params(model)
     return model.num_layers * model.layer_matmul_params() + model.vocab_size * model.hidden
+
+
+@lru_cache(maxsize=256)
+def _moe_matmul_params(model: ModelSpec) -> int:
+    # Cached per model: MFU and HFU ask for it once per estimated plan, and an MoE model's
+    # blocks differ (dense first blocks), so it is a sum over all of them.
+    return sum(model.block_params(i, active=True, matmul_only=True)
+               for i in range(model.num_layers)) + model.vocab_size * model.hidden
 
 
 def training_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
