@@ -67,12 +67,14 @@ def eviction_devices(cluster) -> int:
 
 
 def straggler_clause(row) -> str:
-    """``a straggler: evict (62 s per 0.39 h episode; stay 80 s), 0.05% of wall time`` for a ranked
-    row with the straggler columns of `planner.objective.rank_by_goodput`."""
+    """``a straggler: evict (62 s per episode of 0.39 h of work; stay 80 s), 0.05% of wall time``
+    for a ranked row with the straggler columns of `planner.objective.rank_by_goodput`."""
     other = "stay" if row["straggler_policy"] == "evict" else "evict"
     other_s = row[f"straggler_{other}_s"]
+    episode = row["straggler_episode_s"]
+    episode_text = f"{episode:.1f} s" if episode < 3600 else f"{episode / 3600:.2f} h"
     return (f"a straggler: {row['straggler_policy']} ({row['straggler_cost_s']:,.0f} s per "
-            f"{row['straggler_episode_s'] / 3600:.2f} h episode; {other} "
+            f"episode of {episode_text} of work; {other} "
             f"{'impossible' if math.isinf(other_s) else f'{other_s:,.0f} s'}), "
             f"{row['straggler_loss']:.2%} of wall time")
 
