@@ -58,7 +58,6 @@ from simulator.failures.eviction import (
     straggler_run_time_s,
 )
 from simulator.failures.goodput import job_goodput
-from simulator.failures.montecarlo import straggler_step_time_s
 from simulator.step.memory import optimizer_bytes_per_param, stage_params
 
 #: Defaults. Storage: the sustained throughput of the Tectonic file system Llama 3 405B
@@ -163,6 +162,9 @@ def evicted_step_s(plan: Plan, *, step_s: float, compute_s: float, devices_per_n
     >>> evicted_step_s(p, step_s=1.0, compute_s=0.8, devices_per_node=4)
     inf
     """
+    # imported here: simulator.failures.montecarlo loads SimPy, and `plan --help` reads this
+    # module's defaults
+    from simulator.failures.montecarlo import straggler_step_time_s
     first = node * devices_per_node
     ranks = range(first, min(plan.world_size, first + devices_per_node))
     left = plan.dp - len({rank_coords(plan, r)["dp"] for r in ranks})
@@ -308,6 +310,7 @@ def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
     ranked = result.ranked.copy()
     if ranked.empty:
         return result
+    from simulator.failures.montecarlo import straggler_step_time_s  # SimPy: see evicted_step_s
     rows = []
     row_step = dict(zip(ranked["id"], ranked["step_time_s"], strict=True))
     row_compute = (dict(zip(ranked["id"], ranked["compute_s"], strict=True))
