@@ -73,12 +73,11 @@ RESTART_S = 300.0
 #: a per-GPU MTBF of 16,384 × 3.09 h = 50,675 h when every interruption is charged to a GPU.
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
 DEVICE_MTBF_HOURS = LLAMA3_GPUS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS
-#: Straggler episodes per device-hour. No published study of GPU fleets gives a per-device
-#: rate of slow (not failed) devices: Falcon (T. Wu et al., "FALCON: Pinpointing and Mitigating
-#: Stragglers for Large-Scale Hybrid-Parallel Training", arXiv:2410.12588, 2024; USENIX ATC '25
-#: as "Greyhound"), a study of a production cluster of over 10,000 GPUs, reports fail-slows
-#: lasting from tens of seconds to nearly ten hours that delay the average job by 1.34x, not
-#: their rate per device. So the default assumes a device turns slow as often as it fails in
+#: Straggler episodes per device-hour (slow, not failed, devices). Falcon (T. Wu et al.,
+#: "FALCON: Pinpointing and Mitigating Stragglers for Large-Scale Hybrid-Parallel Training",
+#: arXiv:2410.12588, 2024; USENIX ATC '25 as "Greyhound"), a study of a production cluster of
+#: over 10,000 GPUs, reports fail-slows lasting from tens of seconds to nearly ten hours that
+#: delay the average job by 1.34x, but not their rate per device. So the default assumes a device turns slow as often as it fails in
 #: Llama 3's run (one per `DEVICE_MTBF_HOURS` device-hours, Dubey et al. 2024, §3.3.4); set
 #: ``--straggler-rate`` from your fleet's telemetry.
 STRAGGLER_RATE_PER_DEVICE_HOUR = 1.0 / DEVICE_MTBF_HOURS
