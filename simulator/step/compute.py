@@ -83,7 +83,9 @@ class Efficiency:
         kernel_s: fixed device time per kernel (launch gap, tail).
         host_op_s: CPU time per launched op in an eager framework (forward op; the backward
             launches twice as many).
-        flash_fraction: FlashAttention FLOP rate relative to a large GEMM.
+        flash_fraction: the attention kernel's FLOP rate relative to a large GEMM; a property
+            of the generation's kernel (FlashAttention-2 on Hopper, cuDNN on Blackwell:
+            ``efficiency.yaml``), not carried across generations.
         fp8_fraction: an FP8 / MXFP8 GEMM's ceiling (fraction of the FP8 peak) relative to
             a bf16 GEMM's ``gemm_max_fraction`` of the bf16 peak (`lowp_efficiency`).
         fp4_fraction: the same for NVFP4 GEMMs against the FP4 peak.

@@ -305,8 +305,9 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             of the weight and its transpose, `planner.precision.cast_copies`). A
             low-precision plan holds its linear weights as their casts instead of bf16
             (primary low-precision weights: Megatron-Core ``--fp8-param-gather``, NeMo's FP8
-            recipes; the fp32 master weights stay in the optimizer states) and stores the
-            linear inputs as their casts (`lowp_activation_saving`).
+            recipes; the fp32 master weights stay in the optimizer states; NVFP4 holds the
+            casts beside the bf16 weights, `planner.precision.Recipe.primary_weights`) and
+            stores the linear inputs as their casts (`lowp_activation_saving`).
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
@@ -384,7 +385,9 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
 
         # Low-precision primary weights: the linear weights are held as their casts (FP8 and
         # its transpose on Hopper), not in bf16 (`planner.precision`); 0 for bf16.
-        wc = cache_per_param - d if recipe(plan.dtype) else 0.0
+        # NVFP4 keeps its bf16 weights and caches the casts beside them.
+        r = recipe(plan.dtype)
+        wc = 0.0 if r is None else cache_per_param - (d if r.primary_weights else 0.0)
         if moe:
             # the rank's own matrices: non-expert ones / tp, its E/ep local experts
             from simulator.step.moe import expert_params_per_block
