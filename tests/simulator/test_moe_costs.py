@@ -128,3 +128,66 @@ def test_fp8_weight_cache_counts_only_local_experts():
     # the linear weights are held as their casts (planner.precision), not in bf16 as well
     per_param = weight_cache_bytes_per_param("fp8", False)
     assert w1 - w8 == pytest.approx(32 * 7 * EXPERT * per_param)
+
+
+def test_deepep_inside_one_nvlink_domain_is_its_copy_kernel():
+    # DeepEP inside one DGX H100 (ep=8): the 7/8 of t*k*h*2 bytes that leave the rank at
+    # 153/160 of 450 GB/s NVLink (DeepEP README, intranode row), plus one 42 us launch.
+    # Mixtral b=1: 4096*2*4096*2 = 67,108,864 B; 7/8 -> 58,720,256 B / 430.3125e9 B/s
+    # = 136.46 us; + 42 us = 178.46 us.
+    c = load_cluster("dgx-h100", nodes=1)
+    t = dispatch_time_s(MIXTRAL, _plan(ep=8), c, 0, dispatcher="deepep")
+    assert t == pytest.approx(58_720_256 / (450e9 * 153 / 160) + 42e-6, rel=1e-9)
+    assert t == pytest.approx(178.46e-6, abs=0.01e-6)
+    # Across nodes it stays the node-deduplicated all-to-all over the NICs.
+    c2 = load_cluster("dgx-h100", nodes=2)
+    m = load_model("deepseek-v3")
+    plan = _plan(dp=16, global_batch=16, ep=16)
+    size = 4096 * 8 * 7168 * 2 * node_dedup_factor(m, 2)
+    assert dispatch_time_s(m, plan, c2, 0, dispatcher="deepep") == \
+        collective_time_s(c2, "all_to_all", size, range(16))
+
+
+def test_fp8_recipe_runs_the_expert_and_mla_gemms_at_its_rate():
+    # Under FP8 the routed experts' grouped GEMMs, the shared experts and the MLA
+    # projections run at the recipe's peak and efficiency (DeepSeek-V3 report §3.3.1), the
+    # router GEMM at bf16; each gets a quantize op whose bytes count every expert.
+    from planner.precision import block_scaled_device, cast_bytes, cast_copies, recipe
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import Op, cast_ops, lowp_efficiency, op_time_s
+    dev, eff = load_device("h100-sxm-80gb"), load_efficiency("h100-sxm-80gb")
+    up = Op("expert-up", m=1024, n=4096, k=7168, count=4)
+    fp8 = gemm_time_s(1024, 4096, 7168, dev.peak("fp8"), lowp_efficiency(eff, dev, "fp8"), 4)
+    assert op_time_s(up, dev, eff, "fp8") == fp8
+    router = Op("router", m=4096, n=256, k=7168)
+    assert op_time_s(router, dev, eff, "fp8") == gemm_time_s(4096, 256, 7168, dev.peak("bf16"),
+                                                            eff)
+    # Input cast of the 4 experts' 1024 x 7168 inputs: cast_bytes of 4*1024*7168 elements.
+    r = recipe("fp8")
+    copies = cast_copies(r, block_scaled_device(dev.peak_flops))
+    (cast,) = cast_ops([up, router], "fp8", block_scaled_device(dev.peak_flops))
+    assert cast.bytes == cast_bytes(r, 4 * 1024 * 7168, copies)
+    assert cast.bwd_bytes == cast_bytes(r, 4 * 1024 * 4096, copies)
+
+
+def test_selective_recompute_repeats_the_named_modules():
+    # recompute_modules=['mla_up_proj'] repeats the MLA q / kv up projections (and their
+    # casts) instead of the attention core: their forward times summed, by hand from the ops.
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import op_time_s
+    from simulator.step.moe import block_compute, mla_ops
+    m, dev = load_model("deepseek-v3"), load_device("h100-sxm-80gb")
+    eff = load_efficiency("h100-sxm-80gb")
+    plan = _plan(ep=8, recompute="selective")
+    up = sum(op_time_s(op, dev, eff, "bf16") for op in mla_ops(m, 4096, 1, "bf16")
+             if op.name in ("mla-q-up", "mla-kv-up"))
+    lc = block_compute(m, plan, "flash", dev, eff, True, recompute_modules=("mla_up_proj",))
+    assert lc.attn_core_fwd_s == pytest.approx(up, rel=1e-12)
+    core = block_compute(m, plan, "flash", dev, eff, True)
+    attn = next(op for op in mla_ops(m, 4096, 1, "bf16") if op.name == "attn-core")
+    assert core.attn_core_fwd_s == pytest.approx(op_time_s(attn, dev, eff, "bf16"))
+    # Unknown module names fail with the choices.
+    from planner.spec import PlanError
+    from simulator.step.stagecosts import SimOptions
+    with pytest.raises(PlanError, match="recompute_modules"):
+        SimOptions(recompute_modules=("attention",))
