@@ -47,7 +47,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from planner.mesh import expert_group_ranks
-from planner.precision import block_scaled_device
+from planner.precision import block_scaled_device, recipe
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import collective_time_s
@@ -172,6 +172,40 @@ def expert_ops(model: ModelSpec, plan: Plan, imbalance: float) -> list[Op]:
     return ops
 
 
+_EXPERT_GEMMS = ("expert-up", "expert-down")
+#: Bytes moved per weight element by the accumulation of one micro-batch's weight gradient:
+#: Megatron-Core's fused accumulation (``gradient_accumulation_fusion``; Transformer Engine
+#: ``GroupedLinear(fuse_wgrad_accumulation=True)`` for the experts) runs the wgrad GEMM with
+#: beta = 1 into the fp32 ``main_grad``, reading and writing it (4 + 4 B); PyTorch autograd
+#: writes the bf16 gradient and adds it into ``.grad`` (2 + 2 + 2 + 2 B). 8 B either way.
+WGRAD_ACCUMULATION_BYTES = 8
+
+
+def wgrad_accumulation_excess_s(op: Op, wgrad_s: float, device: DeviceProfile,
+                                eff: Efficiency) -> float:
+    """Seconds the weight-gradient GEMM of ``op`` (``count`` experts' (n, k) weights, its
+    compute ``wgrad_s``) takes beyond its compute because the gradient accumulation is
+    memory-bound: a GEMM takes at least the time its bytes take (roofline, Williams et al.
+    2009, "Roofline: an insightful visual performance model", CACM 52(4)), here
+    `WGRAD_ACCUMULATION_BYTES` per weight element at the memory-bound ops' bandwidth
+    (``memory_fraction`` of the device's). A dense GEMM over T tokens does 2·T flops per
+    weight element and stays compute-bound; a routed expert sees only its m = t·k/(E/ep)
+    token copies (on a B200 at MXFP8, 4.5 PF x 0.56 against 8 TB/s x 0.62: below
+    m ≈ 2,000), so with many local experts the accumulation sets the pace.
+
+    >>> from simulator.network.hardware import load_device
+    >>> from simulator.step.compute import load_efficiency
+    >>> dev, eff = load_device("h100-sxm-80gb"), load_efficiency("h100-sxm-80gb")
+    >>> up = Op("expert-up", m=1024, n=4096, k=7168, count=32)
+    >>> # 32 x 4096 x 7168 x 8 B = 7.516 GB at 3.35 TB/s x 0.6222 = 2.0843 TB/s: 3.606 ms;
+    >>> # less a 1.0 ms GEMM = 2.606 ms
+    >>> round(wgrad_accumulation_excess_s(up, 1e-3, dev, eff) * 1e3, 3)
+    2.606
+    """
+    moved = WGRAD_ACCUMULATION_BYTES * op.count * op.n * op.k
+    return max(0.0, moved / (device.memory_bandwidth_Bps * eff.memory_fraction) - wgrad_s)
+
+
 #: Forward ops (with their casts) each Megatron-Core ``recompute_modules`` entry repeats in
 #: the backward under selective recomputation (``TransformerConfig.recompute_modules``:
 #: "core_attn" the core attention, "mla_up_proj" the MLA up projections and RoPE, "moe_act"
@@ -203,16 +237,14 @@ def recomputed_ops(recompute_modules: tuple[str, ...] | None) -> frozenset[str]:
                      for n in RECOMPUTE_MODULES[m])
 
 
-@lru_cache(maxsize=4096)
-def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
-                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0,
-                  cp_attention: CpAttention = "ring",
-                  recompute_modules: tuple[str, ...] | None = None) -> LayerCompute:
-    """`LayerCompute` of one block of an MoE and/or MLA model on one rank: the dense block's
+def block_ops(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
+              moe_layer: bool, imbalance: float = 1.0,
+              cp_attention: CpAttention = "ring") -> list[Op]:
+    """Forward ops of one block of an MoE and/or MLA model on one rank: the dense block's
     ops (`layer_forward_ops`) with the MLP swapped for `expert_ops` when ``moe_layer`` and the
-    attention for `mla_ops` when the model uses MLA (cached). Its ``attn_core_fwd_s``, the
-    forward time selective recomputation repeats, is that of the ops
-    `recomputed_ops` (``recompute_modules``) names."""
+    attention for `mla_ops` when the model uses MLA, plus a low-precision recipe's quantize
+    ops for every linear GEMM of the block, the experts' and MLA's included
+    (`planner.precision.LOWP_GEMMS`)."""
     ops = layer_forward_ops(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
                             attention, plan.dtype, plan.cp, cp_attention)
     t = plan.micro_batch * model.seq_len // plan.cp
@@ -224,10 +256,23 @@ def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: De
         at = next(i for i, op in enumerate(ops) if op.name == "mlp-up")
         ops = ops[:at] + expert_ops(model, plan, imbalance) + \
             [op for op in ops[at:] if op.name not in _DENSE_MLP]
-    # A low-precision recipe quantizes the inputs of every linear GEMM of the block, the
-    # experts' and MLA's included (`planner.precision.LOWP_GEMMS`).
-    ops += cast_ops(ops, plan.dtype, block_scaled_device(device.peak_flops))
+    return ops + cast_ops(ops, plan.dtype, block_scaled_device(device.peak_flops))
+
+
+@lru_cache(maxsize=4096)
+def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
+                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0,
+                  cp_attention: CpAttention = "ring",
+                  recompute_modules: tuple[str, ...] | None = None) -> LayerCompute:
+    """`LayerCompute` of `block_ops` (cached), its backward with the routed experts'
+    `wgrad_accumulation_excess_s`. Its ``attn_core_fwd_s``, the forward time selective
+    recomputation repeats, is that of the ops `recomputed_ops` (``recompute_modules``)
+    names."""
+    ops = block_ops(model, plan, attention, device, moe_layer, imbalance, cp_attention)
     lc = ops_compute(tuple(ops), device, eff, plan.dtype)
+    lc = replace(lc, bwd_s=lc.bwd_s + sum(
+        wgrad_accumulation_excess_s(op, op_time_s(op, device, eff, plan.dtype), device, eff)
+        for op in ops if op.name in _EXPERT_GEMMS))
     if recompute_modules is None:
         return lc
     again = recomputed_ops(recompute_modules)
@@ -357,7 +402,25 @@ def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
     SwiGLU, 4·f_e/etp for GeLU, as the dense MLP keeps per token, Korthikanti et al. 2022
     Table 2), the unpermute input (2h) per copy, and the shared experts as a dense MLP; minus
     the dense MLP's 3h + 6f (or 4f) per token. 16-bit bytes, scaled by dtype_bytes / 2;
-    full recomputation keeps neither (0)."""
+    full recomputation keeps neither (0).
+
+    Under a low-precision recipe Transformer Engine keeps each linear GEMM's input for the
+    weight gradient as its cast (``operand_bytes`` an element, not 2), the experts' grouped
+    linears as the dense ones (`simulator.step.memory.lowp_activation_saving`): per received
+    copy the permuted input (h) and the activation output (f_e/etp), per token the shared
+    experts' activation output (n_s·f_e/tp); and the dense MLP-down input (f/tp per token)
+    that `lowp_activation_saving` takes off every block is not an MoE block's.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("mixtral-8x7b")      # h 4096, f = f_e 14336, top-2 of 8, no shared
+    >>> p = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8)
+    >>> # 4096 tokens, 8192 copies: 4096*(2*4096 + 4*8) + 8192*(4*4096 + 6*14336)
+    >>> # - 4096*(3*4096 + 6*14336) = 469,893,120 B in bf16; FP8 keeps the copies' h + f_e
+    >>> # as 1 B instead of 2 and gives back the dense f: (8192*(4096 + 14336)
+    >>> # - 4096*14336) * 1 = 92,274,688 B less
+    >>> activation_delta_bytes(m, p), activation_delta_bytes(m, p.replace(dtype="fp8"))
+    (469893120.0, 377618432.0)
+    """
     if plan.recompute == "full":
         return 0.0
     h, k, e, fe = model.hidden, model.experts_per_token, model.num_experts, model.expert_hidden
@@ -368,7 +431,13 @@ def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
     moe = tr * (2 * h + 4 * e) + copies * (4 * h + c * fe / plan.etp) \
         + t_all * c * model.num_shared_experts * fe / plan.tp
     dense = t_all * (3 * h + c * model.ffn_hidden) / plan.tp
-    return (moe - dense) * DTYPE_BYTES[plan.dtype] / 2
+    out = (moe - dense) * DTYPE_BYTES[plan.dtype] / 2
+    low = recipe(plan.dtype)
+    if low is not None:
+        out -= (2 - low.operand_bytes) * (
+            copies * (h + fe / plan.etp) + t_all * model.num_shared_experts * fe / plan.tp
+            - t_all * model.ffn_hidden / plan.tp)
+    return out
 
 
 def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, stage: int,

@@ -191,3 +191,54 @@ def test_selective_recompute_repeats_the_named_modules():
     from simulator.step.stagecosts import SimOptions
     with pytest.raises(PlanError, match="recompute_modules"):
         SimOptions(recompute_modules=("attention",))
+
+
+def test_small_expert_weight_gradients_pay_for_their_accumulation():
+    # The backward of a block with 32 local experts of m = 1024 copies (DeepSeek-V3 at ep=8,
+    # b=1) adds, per expert GEMM, the 8 B per weight element of the gradient accumulation
+    # beyond its wgrad compute; with 4 experts of m = 8192 (ep=64) the GEMMs stay
+    # compute-bound and nothing is added. By hand (H100: 3.35 TB/s x 0.6222):
+    # up 32 x 4096 x 7168 x 8 B = 7.516 GB -> 3.606 ms, down 32 x 7168 x 2048 x 8 B
+    # = 3.758 GB -> 1.803 ms, each less its own wgrad (= forward) GEMM time.
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import op_time_s, ops_compute
+    from simulator.step.moe import block_compute, wgrad_accumulation_excess_s
+    m, dev = load_model("deepseek-v3"), load_device("h100-sxm-80gb")
+    eff = load_efficiency("h100-sxm-80gb")
+    plan = _plan(ep=8)
+    ops = {op.name: op for op in expert_ops(m, plan, 1.0)}
+    up, down = ops["expert-up"], ops["expert-down"]
+    assert (up.m, up.count, down.m) == (1024, 32, 1024)
+    bw = 3.35e12 * eff.memory_fraction
+    want = sum(max(0.0, 8 * op.count * op.n * op.k / bw - op_time_s(op, dev, eff, "bf16"))
+               for op in (up, down))
+    assert 8 * 32 * 4096 * 7168 / bw == pytest.approx(3.606e-3, rel=1e-3)
+    # The GEMMs at 989 TF x 0.713: up 1.924 TFLOP -> 2.726 ms, down 0.962 TFLOP -> 1.364 ms,
+    # so 0.880 + 0.439 = 1.319 ms of excess before wave quantisation (which slows the GEMMs
+    # and leaves a little less).
+    assert want == pytest.approx(1.319e-3, rel=0.06)
+    lc = block_compute(m, plan, "flash", dev, eff, True)
+    assert wgrad_accumulation_excess_s(up, op_time_s(up, dev, eff, "bf16"), dev, eff) \
+        + wgrad_accumulation_excess_s(down, op_time_s(down, dev, eff, "bf16"), dev, eff) \
+        == pytest.approx(want)
+    wide = _plan(dp=64, global_batch=64, ep=64)
+    big = {op.name: op for op in expert_ops(m, wide, 1.0)}["expert-up"]
+    assert big.m == 8192
+    assert wgrad_accumulation_excess_s(big, op_time_s(big, dev, eff, "bf16"), dev, eff) == 0.0
+    # The block's backward is the ops' backward plus exactly that excess.
+    from simulator.step.moe import block_ops
+    base = ops_compute(tuple(block_ops(m, plan, "flash", dev, True)), dev, eff, "bf16")
+    assert lc.bwd_s == pytest.approx(base.bwd_s + want, rel=1e-12)
+
+
+def test_fp8_keeps_the_expert_inputs_as_their_casts():
+    # Mixtral 8x7B, b=1, ep=8 (4096 tokens, 8192 copies, no shared experts): bf16 stores
+    # 4096*(2*4096 + 4*8) + 8192*(4*4096 + 6*14336) - 4096*(3*4096 + 6*14336) = 469,893,120 B
+    # beyond the dense block; FP8 keeps each copy's permuted input (4096) and activation
+    # output (14336) at 1 B instead of 2 and gives back the dense MLP-down input the dense
+    # saving took off (4096*14336): 469,893,120 - (8192*18432 - 4096*14336) = 377,618,432.
+    from simulator.step.moe import activation_delta_bytes
+    p = _plan(ep=8)
+    assert activation_delta_bytes(MIXTRAL, p) == 469_893_120
+    assert activation_delta_bytes(MIXTRAL, p.replace(dtype="fp8")) == 377_618_432
+    assert activation_delta_bytes(MIXTRAL, p.replace(dtype="fp8", recompute="full")) == 0
