@@ -440,6 +440,41 @@ def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
     return out
 
 
+def selective_saving_bytes(model: ModelSpec, plan: Plan,
+                           recompute_modules: tuple[str, ...] | None,
+                           moe_layer: bool) -> float:
+    """Activation bytes one block (one micro-batch, one rank) does not keep under
+    ``recompute='selective'`` with the output-discarding ``recompute_modules`` of
+    Megatron-Core (``TransformerConfig.recompute_modules``: "moe_act", "layernorm" and
+    "mla_up_proj" discard their outputs and recompute them in the backward): "layernorm" the
+    input and pre-MLP norm outputs (2h per token, /tp with sequence parallelism), "moe_act"
+    an MoE block's activation output per received copy (f_e/etp), each as the plan stores it
+    (the recipe's cast, ``operand_bytes``, for a low-precision plan; else the dtype's bytes).
+    "mla_up_proj"'s tensors are not in the activation formula, so it saves nothing here.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("mixtral-8x7b")
+    >>> p = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, recompute="selective",
+    ...          dtype="fp8")
+    >>> # layernorm 4096 tokens x 2 x 4096 x 1 B; moe_act 8192 copies x 14336 x 1 B
+    >>> want = 4096 * 2 * 4096 + 8192 * 14336
+    >>> selective_saving_bytes(m, p, ("layernorm", "moe_act"), True) == want
+    True
+    """
+    if plan.recompute != "selective" or not recompute_modules:
+        return 0.0
+    low = recipe(plan.dtype)
+    b = low.operand_bytes if low is not None else DTYPE_BYTES[plan.dtype]
+    out = 0.0
+    if "layernorm" in recompute_modules:
+        t = tokens_per_rank(model, plan) * (1 if plan.sequence_parallel else plan.tp)
+        out += 2 * model.hidden * t * b
+    if "moe_act" in recompute_modules and moe_layer:
+        copies = plan.etp * tokens_per_rank(model, plan) * model.experts_per_token
+        out += copies * model.expert_hidden / plan.etp * b
+    return out
+
+
 def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, stage: int,
                     attention: Attention, device: DeviceProfile, eff: Efficiency, *,
                     imbalance: float = 1.0, dispatcher: str = "alltoall",

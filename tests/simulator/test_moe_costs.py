@@ -242,3 +242,39 @@ def test_fp8_keeps_the_expert_inputs_as_their_casts():
     assert activation_delta_bytes(MIXTRAL, p) == 469_893_120
     assert activation_delta_bytes(MIXTRAL, p.replace(dtype="fp8")) == 377_618_432
     assert activation_delta_bytes(MIXTRAL, p.replace(dtype="fp8", recompute="full")) == 0
+
+
+def test_output_discarding_recompute_keeps_fewer_activations():
+    # Selective recomputation of ['moe_act', 'layernorm'] on Mixtral 8x7B, b=1, ep=8, FP8:
+    # per block the two norm outputs (4096 tokens x 2 x 4096 x 1 B = 33,554,432) and per
+    # MoE block each copy's activation output (8192 x 14336 x 1 B = 117,440,512) are not
+    # kept; 32 MoE blocks on one stage with one micro-batch in flight (pp=1):
+    # 32 x 150,994,944 = 4,831,838,208 B less than without the modules.
+    from simulator.step.moe import selective_saving_bytes
+    p = _plan(ep=8, dtype="fp8", recompute="selective")
+    mods = ("moe_act", "layernorm")
+    assert selective_saving_bytes(MIXTRAL, p, mods, True) == 33_554_432 + 117_440_512
+    assert selective_saving_bytes(MIXTRAL, p, mods, False) == 33_554_432
+    assert selective_saving_bytes(MIXTRAL, p.replace(recompute="none"), mods, True) == 0
+    plain = memory_per_stage(MIXTRAL, p, attention="flash")[0].activations_bytes
+    light = memory_per_stage(MIXTRAL, p, attention="flash",
+                             recompute_modules=mods)[0].activations_bytes
+    assert plain - light == 32 * 150_994_944
+
+
+def test_reader_reaches_for_the_light_moe_recompute_before_full():
+    # An MoE plan that does not fit without recomputation but fits once the norms and the
+    # experts' activation are recomputed gets selective ['moe_act', 'layernorm'], not full.
+    from simulator.step.stagecosts import SimOptions
+    from simulator.validation.memory_default import MOE_LIGHT_RECOMPUTE, recompute_that_fits
+    p = _plan(ep=8, dtype="fp8")
+    o = SimOptions(attention="flash")
+    need = memory_per_stage(MIXTRAL, p, attention="flash")[0].total_bytes
+    light = memory_per_stage(MIXTRAL, p.replace(recompute="selective"), attention="flash",
+                             recompute_modules=MOE_LIGHT_RECOMPUTE)[0].total_bytes
+    assert light < need
+    plan, opts, flag = recompute_that_fits(MIXTRAL, p, o, (light + need) / 2)
+    assert (plan.recompute, opts.recompute_modules) == ("selective", MOE_LIGHT_RECOMPUTE)
+    assert "moe_act" in flag
+    plan, opts, flag = recompute_that_fits(MIXTRAL, p, o, need)
+    assert (plan, opts, flag) == (p, o, None)
