@@ -126,6 +126,16 @@ def check_default_dtype(value: object, cluster: str) -> str:
     return value
 #: Forward ops of a block that run in the recipe's format (`simulator.step.compute` names).
 LINEAR_GEMMS = ("qkv", "out-proj", "mlp-up", "mlp-down")
+#: The linear GEMMs of an MoE / MLA block (`simulator.step.moe` names) that run in the
+#: recipe's format too: the routed experts' grouped GEMMs (Megatron-Core ``TEGroupedMLP``
+#: under ``fp8_autocast``), the shared experts and the MLA projections (Transformer Engine
+#: linears). The router GEMM stays in higher precision, as do attention, norms, embedding and
+#: output head (DeepSeek-V3 technical report, arXiv:2412.19437, §3.3.1: FP8 for the GEMMs
+#: of the linear operators; the gating module, normalisation and attention kept in BF16/FP32).
+MOE_LINEAR_GEMMS = ("expert-up", "expert-down", "shared-up", "shared-down", "mla-q",
+                    "mla-q-down", "mla-q-up", "mla-kv-down", "mla-kv-up")
+#: Every GEMM a low-precision recipe runs at its rate: dense blocks' and MoE / MLA blocks'.
+LOWP_GEMMS = LINEAR_GEMMS + MOE_LINEAR_GEMMS
 #: Linear GEMM inputs whose cast Transformer Engine fuses into the norm before it
 #: (``LayerNormLinear``, ``LayerNormMLP``): the cast writes, it does not read again.
 NORM_FUSED_INPUTS = ("qkv", "mlp-up")

@@ -42,7 +42,7 @@ from typing import Literal, NamedTuple, get_args
 import yaml
 
 from planner.precision import (
-    LINEAR_GEMMS,
+    LOWP_GEMMS,
     NORM_FUSED_INPUTS,
     block_scaled_device,
     cast_bytes,
@@ -313,10 +313,10 @@ def cast_ops(ops: list[Op], dtype: str, block_scaled: bool) -> list[Op]:
     if r is None:
         return []
     copies = cast_copies(r, block_scaled)
-    return [Op(f"{op.name}-cast", bytes=cast_bytes(r, op.m * op.k, copies,
+    return [Op(f"{op.name}-cast", bytes=cast_bytes(r, op.m * op.k * op.count, copies,
                                                    fused_read=op.name in NORM_FUSED_INPUTS),
-               bwd_bytes=cast_bytes(r, op.m * op.n, copies))
-            for op in ops if op.name in LINEAR_GEMMS]
+               bwd_bytes=cast_bytes(r, op.m * op.n * op.count, copies))
+            for op in ops if op.name in LOWP_GEMMS]
 
 
 def lowp_efficiency(eff: Efficiency, device: DeviceProfile, dtype: str) -> Efficiency:
@@ -350,7 +350,7 @@ def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> flo
     """Forward device time of ``op``; a linear GEMM of a low-precision recipe runs at the
     recipe's peak and `lowp_efficiency`, every other op in the storage dtype (bf16)."""
     peak = device.peak(storage_dtype(dtype))
-    if op.m and op.name in LINEAR_GEMMS and recipe(dtype) is not None:
+    if op.m and op.name in LOWP_GEMMS and recipe(dtype) is not None:
         low = recipe(dtype)
         return gemm_time_s(op.m, op.n, op.k, device.peak(low.peak_key),
                            lowp_efficiency(eff, device, dtype), op.count)

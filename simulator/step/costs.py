@@ -633,7 +633,8 @@ def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
         lc_g, *moe_comm = chunk_moe_terms(
             model, plan, cluster, g, rank, options.attention, dev, eff,
             imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
-            overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention)
+            overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention,
+            recompute_modules=options.recompute_modules)
     return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
                         tuple(moe_comm))
 

@@ -282,7 +282,9 @@ def zero3_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
                      fp32_main_grads: bool = False,
-                     block_scaled: bool = False) -> list[MemoryBreakdown]:
+                     block_scaled: bool = False,
+                     recompute_modules: tuple[str, ...] | None = None
+                     ) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -308,13 +310,17 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             recipes; the fp32 master weights stay in the optimizer states; NVFP4 holds the
             casts beside the bf16 weights, `planner.precision.Recipe.primary_weights`) and
             stores the linear inputs as their casts (`lowp_activation_saving`).
+        recompute_modules: an MoE model's selective recomputation modules; the
+            output-discarding ones keep fewer activations
+            (`simulator.step.moe.selective_saving_bytes`).
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
     return [MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
                             activations_bytes=a, overhead_bytes=overhead_bytes)
             for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
-                                                block_scaled)]
+                                                block_scaled,
+                                                recompute_modules=recompute_modules)]
 
 
 #: Schedules whose micro-batches in flight never grow from one stage to the next.
@@ -351,7 +357,8 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
 
 
 def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
-                 block_scaled: bool, stages: list[int] | None = None):
+                 block_scaled: bool, stages: list[int] | None = None,
+                 recompute_modules: tuple[str, ...] | None = None):
     # (stage, (weights, gradients, optimizer, activations) bytes) of each stage (or of
     # ``stages``), as `memory_per_stage` documents them.
     d = DTYPE_BYTES[plan.dtype]
@@ -375,8 +382,16 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
                                                            held_chunks[stage])
         if moe:
-            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
-            acts += stage_expert_blocks(model, plan, stage) * activation_delta_bytes(model, plan)
+            from simulator.step.moe import (
+                activation_delta_bytes,
+                selective_saving_bytes,
+                stage_expert_blocks,
+            )
+            n_moe = stage_expert_blocks(model, plan, stage)
+            acts += n_moe * activation_delta_bytes(model, plan) \
+                - (layers - n_moe) * selective_saving_bytes(model, plan, recompute_modules,
+                                                            False) \
+                - n_moe * selective_saving_bytes(model, plan, recompute_modules, True)
 
         def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
             # bytes of both parameter groups, each sharded over its own group under ZeRO

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner.spec import PlanError
 from simulator.step.compute import CP_ATTENTIONS, Attention, CpAttention, Efficiency
+from simulator.step.moe import RECOMPUTE_MODULES
 
 #: PyTorch DDP's first gradient bucket (``first_bucket_bytes``, 1 MiB) and the later ones
 #: (``bucket_cap_mb=25``): ``torch/nn/parallel/distributed.py``.
@@ -104,6 +105,11 @@ class SimOptions:
         moe_a2a_overlap: MoE all-to-alls run beside another micro-batch's compute
             (Megatron-Core ``--overlap-moe-expert-parallel-comm``, DualPipe); only the part
             longer than the block's compute is exposed.
+        recompute_modules: with ``recompute='selective'``, the block parts an MoE / MLA
+            model recomputes (Megatron-Core ``recompute_modules``: 'core_attn', 'mla_up_proj',
+            'moe_act', 'layernorm', 'mlp', 'moe', 'shared_experts';
+            `simulator.step.moe.RECOMPUTE_MODULES`); None: Megatron-Core's default
+            ['core_attn'], the attention core.
         cp_attention: how context-parallel attention (cp > 1) exchanges keys and values:
             'ring' (each rank's compact K/V block to the next rank, every hop under one
             block's attention: Megatron-Core / Transformer Engine) or 'pytorch' (PyTorch's
@@ -129,10 +135,15 @@ class SimOptions:
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
+    recompute_modules: tuple[str, ...] | None = None
     optimizer_post_validation: bool = False
     cp_attention: CpAttention = "ring"
 
     def __post_init__(self) -> None:
+        bad = sorted(set(self.recompute_modules or ()) - set(RECOMPUTE_MODULES))
+        if bad:
+            raise PlanError(f"recompute_modules={list(self.recompute_modules)!r}: {bad} not "
+                            f"among {list(RECOMPUTE_MODULES)} (Megatron-Core's choices)")
         if self.cp_attention not in CP_ATTENTIONS:
             raise PlanError(f"cp_attention={self.cp_attention!r} is not one of "
                             f"{list(CP_ATTENTIONS)}")

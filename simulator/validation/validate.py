@@ -489,7 +489,7 @@ def _published_case(row: dict) -> RunCase:
     nodes = gpu_nodes(cluster, int(row["num_gpus"]))
     if not rec:
         memory = validation_cluster(cluster, nodes).device.memory_bytes
-        plan, fit_flag = recompute_that_fits(model, plan, options, memory)
+        plan, options, fit_flag = recompute_that_fits(model, plan, options, memory)
         flags += [fit_flag] if fit_flag else []
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=nodes, options=options,
