@@ -12,8 +12,11 @@ RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
 def recompute_that_fits(model: ModelSpec, plan: Plan, options: SimOptions,
-                        device_memory_bytes: float) -> tuple[Plan, str | None]:
-    """``plan`` unchanged when its peak memory per rank (`memory_per_stage`) fits
+                        device_memory_bytes: float, *,
+                        block_scaled: bool = False) -> tuple[Plan, str | None]:
+    """``plan`` unchanged when its peak memory per rank (`memory_per_stage`, as the
+    simulator reports it: the framework's gradient buffer, the device's weight casts through
+    ``block_scaled``) fits
     ``device_memory_bytes``; else the plan with the first stronger recomputation policy of
     `RECOMPUTE_ORDER` that fits, and a flag saying so. A published run ran, so it fitted;
     when even full recomputation does not fit, the plan is kept as given.
@@ -29,7 +32,8 @@ def recompute_that_fits(model: ModelSpec, plan: Plan, options: SimOptions,
     """
     def peak(p: Plan) -> float:
         return max(s.total_bytes for s in memory_per_stage(
-            model, p, attention=options.attention, fp32_main_grads=options.fp32_main_grads))
+            model, p, attention=options.attention, fp32_main_grads=options.fp32_main_grads,
+            block_scaled=block_scaled, main_grad_bytes=options.grad_reduce_bytes))
 
     if peak(plan) <= device_memory_bytes:
         return plan, None
