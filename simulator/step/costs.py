@@ -479,7 +479,7 @@ def step_lower_bound_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if (cluster.cpu_profile is not None and plan.cp == 1) or model.is_moe or model.is_mla \
+    if cluster.cpu_profile is not None or model.is_moe or model.is_mla \
             or plan.schedule in ZERO_BUBBLE_SCHEDULES:
         return 0.0
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
@@ -560,7 +560,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if cluster.cpu_profile is not None and plan.cp == 1:  # calibrated CPU
+    if cluster.cpu_profile is not None:  # calibrated CPU (cp plans: the measured ring)
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
             return _with_wgrad(calibrated, model, plan, cluster, options)

@@ -283,8 +283,8 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
                      fp32_main_grads: bool = False,
                      block_scaled: bool = False,
-                     recompute_modules: tuple[str, ...] | None = None
-                     ) -> list[MemoryBreakdown]:
+                     recompute_modules: tuple[str, ...] | None = None,
+                     main_grad_bytes: int | None = None) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -303,6 +303,11 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
+        main_grad_bytes: with ``fp32_main_grads``, the bytes of one main-gradient element
+            when the buffer is not fp32: Megatron-Core's DDP keeps its gradient buffer in
+            the reduction dtype, bf16 (2) under ``grad_reduce_in_fp32=False``
+            (``DistributedDataParallelConfig``), as the Megatron-Bridge and NeMo 2.0
+            performance recipes set it; None: `main_grad_bytes_per_param`'s.
         block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
             of the weight and its transpose, `planner.precision.cast_copies`). A
             low-precision plan holds its linear weights as their casts instead of bf16
@@ -320,7 +325,8 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                             activations_bytes=a, overhead_bytes=overhead_bytes)
             for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
                                                 block_scaled,
-                                                recompute_modules=recompute_modules)]
+                                                recompute_modules=recompute_modules,
+                                                main_grad_bytes=main_grad_bytes)]
 
 
 #: Schedules whose micro-batches in flight never grow from one stage to the next.
@@ -329,7 +335,8 @@ MONOTONE_IN_FLIGHT = ("1f1b", "gpipe", "interleaved-1f1b")
 
 def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                        attention: str = "unfused", *, fp32_main_grads: bool = False,
-                       block_scaled: bool = False) -> tuple[int, MemoryBreakdown]:
+                       block_scaled: bool = False,
+                       main_grad_bytes: int | None = None) -> tuple[int, MemoryBreakdown]:
     """``(stage, breakdown)`` of the stage of `memory_per_stage` that needs the most (the
     first of equals), without building the others' breakdowns.
 
@@ -347,7 +354,8 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
         stages = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
     worst, parts, top = 0, None, -1.0
     for stage, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
-                                            block_scaled, stages):
+                                            block_scaled, stages,
+                                            main_grad_bytes=main_grad_bytes):
         total = w + g + o + a + overhead_bytes  # as `MemoryBreakdown.total_bytes` sums
         if total > top:
             worst, parts, top = stage, (w, g, o, a), total
@@ -358,7 +366,8 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
 
 def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
                  block_scaled: bool, stages: list[int] | None = None,
-                 recompute_modules: tuple[str, ...] | None = None):
+                 recompute_modules: tuple[str, ...] | None = None,
+                 main_grad_bytes: int | None = None):
     # (stage, (weights, gradients, optimizer, activations) bytes) of each stage (or of
     # ``stages``), as `memory_per_stage` documents them.
     d = DTYPE_BYTES[plan.dtype]
@@ -373,6 +382,8 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
+    if fp32_main_grads and main_grad_bytes:
+        g = main_grad_bytes
     linear = _linear_params(model) / plan.tp
     cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
     gathered = zero3_buffer_bytes(model, plan)          # the same on every stage

@@ -19,14 +19,15 @@ MOE_LIGHT_RECOMPUTE = ("moe_act", "layernorm")
 
 
 def recompute_that_fits(model: ModelSpec, plan: Plan, options: SimOptions,
-                        device_memory_bytes: float
+                        device_memory_bytes: float, *, block_scaled: bool = False
                         ) -> tuple[Plan, SimOptions, str | None]:
     """``(plan, options)`` unchanged when the plan's peak memory per rank
-    (`memory_per_stage`) fits ``device_memory_bytes``; else the plan with the first stronger
-    recomputation policy of `RECOMPUTE_ORDER` that fits, and a flag saying so. An MoE model
-    without recomputation tries selective recomputation of `MOE_LIGHT_RECOMPUTE` first
-    (``options.recompute_modules``). A published run ran, so it fitted; when even full
-    recomputation does not fit, the plan is kept as given.
+    (`memory_per_stage`, as the simulator reports it: the framework's gradient buffer, the
+    device's weight casts through ``block_scaled``) fits ``device_memory_bytes``; else the
+    plan with the first stronger recomputation policy of `RECOMPUTE_ORDER` that fits, and a
+    flag saying so. An MoE model without recomputation tries selective recomputation of
+    `MOE_LIGHT_RECOMPUTE` first (``options.recompute_modules``). A published run ran, so it
+    fitted; when even full recomputation does not fit, the plan is kept as given.
 
     >>> from planner.presets import load_model
     >>> m = load_model("llama3-8b")
@@ -40,7 +41,8 @@ def recompute_that_fits(model: ModelSpec, plan: Plan, options: SimOptions,
     def peak(p: Plan, o: SimOptions) -> float:
         return max(s.total_bytes for s in memory_per_stage(
             model, p, attention=o.attention, fp32_main_grads=o.fp32_main_grads,
-            recompute_modules=o.recompute_modules))
+            recompute_modules=o.recompute_modules, block_scaled=block_scaled,
+            main_grad_bytes=o.grad_reduce_bytes))
 
     if peak(plan, options) <= device_memory_bytes:
         return plan, options, None

@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from planner.precision import block_scaled_device
 from planner.spec import ModelSpec, Plan, PlanError, balanced_split, check_experts
 from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
@@ -488,8 +489,10 @@ def _published_case(row: dict) -> RunCase:
     flags += gpu_flags
     nodes = gpu_nodes(cluster, int(row["num_gpus"]))
     if not rec:
-        memory = validation_cluster(cluster, nodes).device.memory_bytes
-        plan, options, fit_flag = recompute_that_fits(model, plan, options, memory)
+        device = validation_cluster(cluster, nodes).device
+        plan, options, fit_flag = recompute_that_fits(
+            model, plan, options, device.memory_bytes,
+            block_scaled=block_scaled_device(device.peak_flops))
         flags += [fit_flag] if fit_flag else []
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=nodes, options=options,
