@@ -52,6 +52,7 @@ from simulator.step.compute import (
     edge_compute,
     layer_compute,
     load_efficiency,
+    with_attention_kernel,
 )
 from simulator.step.cpu_model import cpu_stage_costs
 from simulator.step.memory import optimizer_bytes_per_param, stage_param_split, stage_param_splits
@@ -68,6 +69,9 @@ def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
         eff = Efficiency(gemm_max_fraction=dev.matmul_efficiency, gemm_half_flops=0.0,
                          num_sms=1, memory_fraction=dev.memory_efficiency, kernel_s=0.0,
                          host_op_s=0.0, flash_fraction=1.0)
+    if options.attention != "unfused":
+        # The framework's attention kernel at its published rate on this GPU generation.
+        eff = with_attention_kernel(eff, cluster.device.name, options.attention_kernel)
     return eff
 
 

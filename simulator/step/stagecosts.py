@@ -8,7 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.spec import PlanError
-from simulator.step.compute import CP_ATTENTIONS, Attention, CpAttention, Efficiency
+from simulator.step.compute import (
+    CP_ATTENTIONS,
+    Attention,
+    CpAttention,
+    Efficiency,
+    attention_kernel_names,
+)
 from simulator.step.moe import RECOMPUTE_MODULES
 
 #: PyTorch DDP's first gradient bucket (``first_bucket_bytes``, 1 MiB) and the later ones
@@ -116,6 +122,11 @@ class SimOptions:
             ``context_parallel`` SDPA as torchtitan runs it: K/V all-gathered with the
             query heads' width, fp32 gradient hops and merges;
             `simulator.step.costs.torch_cp_comm`, `simulator.step.compute.torch_cp_merge_bytes`).
+        attention_kernel: the fused-attention kernel the framework's attention call runs, a
+            name of ``presets/attention_kernels.yaml`` (a dispatcher such as 'te-fused' or
+            'sdpa', resolved per GPU generation, or a kernel: 'fa2', 'fa3', 'cudnn'); its
+            published rate replaces the device's ``flash_fraction``
+            (`simulator.step.compute.attention_kernel_rate`). None: the device's default.
     """
 
     attention: Attention = "flash"
@@ -138,6 +149,7 @@ class SimOptions:
     recompute_modules: tuple[str, ...] | None = None
     optimizer_post_validation: bool = False
     cp_attention: CpAttention = "ring"
+    attention_kernel: str | None = None
 
     def __post_init__(self) -> None:
         bad = sorted(set(self.recompute_modules or ()) - set(RECOMPUTE_MODULES))
@@ -147,6 +159,10 @@ class SimOptions:
         if self.cp_attention not in CP_ATTENTIONS:
             raise PlanError(f"cp_attention={self.cp_attention!r} is not one of "
                             f"{list(CP_ATTENTIONS)}")
+        if self.attention_kernel is not None \
+                and self.attention_kernel not in attention_kernel_names():
+            raise PlanError(f"attention_kernel={self.attention_kernel!r} is not one of "
+                            f"{attention_kernel_names()}; name one or leave it unset")
 
 
 DEFAULT_OPTIONS = SimOptions()
