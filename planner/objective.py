@@ -51,14 +51,9 @@ from dataclasses import dataclass
 from planner.mesh import rank_coords
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError
 from runtime.health import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
-from simulator.failures.eviction import (
-    RestartEvidence,
-    eviction_pays,
-    restart_estimate_s,
-    straggler_run_time_s,
-)
-from simulator.failures.goodput import job_goodput
-from simulator.step.memory import optimizer_bytes_per_param, stage_params
+
+# The simulator's modules are imported in the functions that use them: the CLI's --help
+# prints this module's defaults and must not load the simulator (tests/apps/test_cli.py).
 
 #: Defaults. Storage: the sustained throughput of the Tectonic file system Llama 3 405B
 #: checkpointed to, 2 TB/s (Dubey et al. 2024, "The Llama 3 Herd of Models", §3.3.1; peak
@@ -118,6 +113,7 @@ def checkpoint_bytes(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     >>> total == largest == m.num_params() * (4 + 8)
     True
     """
+    from simulator.step.memory import optimizer_bytes_per_param, stage_params
     per_param = DTYPE_BYTES[plan.dtype] + optimizer_bytes_per_param(plan.dtype)
     shard = checkpoint_writers(plan) // (plan.tp * plan.pp)
     stages = [stage_params(model, plan, s) * per_param for s in range(plan.pp)]
@@ -183,6 +179,7 @@ def eviction_restart_s(checkpoint_s: float, restart_s: float) -> float:
     >>> eviction_restart_s(20.0, 300.0)
     340.0
     """
+    from simulator.failures.eviction import RestartEvidence, restart_estimate_s
     evidence = RestartEvidence(stop_s=checkpoint_s, start_up_s=restart_s, load_s=checkpoint_s)
     return restart_estimate_s(evidence)[0]
 
@@ -225,6 +222,7 @@ def straggler_episode(*, step_s: float, step_s_slow: float, step_s_evicted: floa
     """
     if not (step_s > 0 and episode_s > 0):
         raise PlanError(f"step_s={step_s} and episode_s={episode_s} must be > 0")
+    from simulator.failures.eviction import eviction_pays, straggler_run_time_s
     steps = max(1, round(episode_s / step_s))
     times = {"step_s": step_s, "step_s_staying": step_s_slow, "step_s_after": step_s_evicted,
              "steps": steps, "onset": 1, "window": window, "restart_s": restart_s}
@@ -309,6 +307,7 @@ def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
     ranked = result.ranked.copy()
     if ranked.empty:
         return result
+    from simulator.failures.goodput import job_goodput
     from simulator.failures.montecarlo import straggler_step_time_s  # SimPy: see evicted_step_s
     rows = []
     row_step = dict(zip(ranked["id"], ranked["step_time_s"], strict=True))
