@@ -28,6 +28,7 @@ from planner.planfile import PlanFile, check_runnable  # noqa: E402
 from planner.presets import load_model, model_from_dict  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
 from simulator.network.cluster import Cluster, cluster_from_spec, load_cluster  # noqa: E402
+from simulator.step.breakdown import comm_kind  # noqa: E402
 from simulator.step.simulate import StepPrediction  # noqa: E402
 
 #: Ranked-table columns shown to people, with human units (the library's are SI).
@@ -226,34 +227,27 @@ def critical_stage(pred: StepPrediction) -> int:
     return min(stages, key=mismatch)
 
 
-def _comm_kind(name: str) -> str:
-    if name.startswith("tp-"):
-        return "tensor-parallel all-reduce"
-    if name == "dp-weight-gather":
-        return "ZeRO weight all-gather"
-    return "data-parallel gradient reduce"
-
-
-def step_breakdown(pred: StepPrediction) -> pd.DataFrame:
+def step_breakdown(pred: StepPrediction, plan: Plan) -> pd.DataFrame:
     """Seconds of the critical stage's step: compute, exposed communication by kind, bubble.
 
-    The kinds come from the traced events (``pred.events``); the exposed part of overlapped
-    gradient buckets, which are not on the comm stream, is the rest of ``pred.comm_s``.
+    The kinds come from the traced events (``pred.events``), labelled for ``plan``
+    (`simulator.step.breakdown.comm_kind`); the exposed part of overlapped gradient buckets,
+    which are not on the comm stream, is the rest of ``pred.comm_s``.
     """
     stage = critical_stage(pred)
     parts: dict[str, float] = {"compute": pred.compute_s}
     for s, stream, name, start, end in pred.events:
         if s == stage and stream == "comm":
-            kind = _comm_kind(name)
+            kind = comm_kind(name, plan)
             parts[kind] = parts.get(kind, 0.0) + end - start
     rest = pred.comm_s - sum(v for k, v in parts.items() if k != "compute")
     if rest > 1e-12:
-        key = "data-parallel gradient reduce"
+        key = comm_kind("dp-grad-reduce", plan)
         parts[key] = parts.get(key, 0.0) + rest
     parts["pipeline bubble"] = pred.bubble_s
     df = pd.DataFrame({"part": list(parts), "seconds": list(parts.values())})
     return df.assign(ms=df["seconds"] * 1e3,
-                     share_pct=100 * df["seconds"] / pred.step_time_s)
+                     **{"share (%)": 100 * df["seconds"] / pred.step_time_s})
 
 
 def memory_frame(pred: StepPrediction) -> pd.DataFrame:
@@ -302,7 +296,9 @@ def _event_kind(stream: str, name: str) -> str:
         return "pipeline send"
     if stream == "overlap":
         return "overlapped comm (hidden)"
-    return "tensor-parallel comm" if name.startswith("tp-") else "data-parallel comm"
+    # the "tp-" events merge TP, the CP ring and ZeRO-3's per-layer traffic (`comm_kind`)
+    return "in-layer comm (TP / CP / ZeRO-3)" if name.startswith("tp-") else \
+        "data-parallel comm"
 
 
 def gantt_frame(events: list[tuple], limit: int = MAX_GANTT_EVENTS) -> pd.DataFrame:
@@ -321,10 +317,13 @@ def gantt_chart(frame: pd.DataFrame) -> alt.Chart:
         # every lane keeps its label: none dropped for overlap or cut short
         y=alt.Y("lane:N", sort=sorted(frame["lane"].unique()), title=None,
                 axis=alt.Axis(labelOverlap=False, labelLimit=0)),
-        color=alt.Color("kind:N"),
+        color=alt.Color("kind:N", legend=alt.Legend(labelLimit=0)),
         tooltip=["name", "kind", alt.Tooltip("start_ms:Q", format=".3f"),
                  alt.Tooltip("end_ms:Q", format=".3f")],
-    ).properties(height=max(120, 22 * frame["lane"].nunique())).interactive(bind_y=False)
+    # tall enough for every legend entry too: the legend beside the lanes is cut to the
+    # chart's height, and a chart of few lanes hid the comm kinds
+    ).properties(height=max(120, 22 * frame["lane"].nunique(),
+                            30 + 30 * frame["kind"].nunique())).interactive(bind_y=False)
 
 
 def _layer_of(node: tuple) -> int:

@@ -39,12 +39,14 @@ def restart_line(summary: dict) -> str | None:
             f"{'n/a' if goodput is None else f'{goodput:.3f}'}")
 
 
-def goodput_ranked(console, result, model, cluster, args: argparse.Namespace):
+def goodput_ranked(console, result, model, cluster, args: argparse.Namespace,
+                   tokens: float | None = None):
     """`meshplan plan --objective goodput`: re-rank ``result`` and print the best plan's
-    goodput figures."""
+    goodput figures (``tokens``: the token budget, which bounds a straggler episode)."""
     from planner.objective import rank_by_goodput
-    a = goodput_assumptions(args)
-    result = rank_by_goodput(result, model, devices_per_node=cluster.devices_per_node, **a)
+    a = goodput_assumptions(args, cluster)
+    result = rank_by_goodput(result, model, devices_per_node=cluster.devices_per_node,
+                             evict_devices=eviction_devices(cluster), train_tokens=tokens, **a)
     if not result.ranked.empty and not args.json:
         best = result.ranked.iloc[0]
         console.print(
@@ -53,12 +55,70 @@ def goodput_ranked(console, result, model, cluster, args: argparse.Namespace):
             f"goodput {best['goodput']:.3f}, job MTBF {best['job_mtbf_s'] / 3600:.2f} h, "
             f"checkpoint {best['checkpoint_s']:.1f} s every "
             f"{best['checkpoint_interval_s'] / 60:.1f} min (Daly), "
-            f"{best['effective_tokens_per_s']:.3g} effective tokens/s", highlight=False)
+            f"{best['effective_tokens_per_s']:.3g} effective tokens/s; "
+            f"{straggler_clause(best)}", highlight=False)
     return result
 
 
-def goodput_assumptions(args: argparse.Namespace) -> dict:
-    """The failure and checkpoint assumptions of `plan --objective goodput` (SI units).
+def eviction_devices(cluster) -> int:
+    """Devices an eviction leaves out with a straggler: its node on a GPU cluster; one rank on
+    localhost, as `meshplan run --ranks-per-node` does by default."""
+    return 1 if cluster.nics_per_node == 0 else cluster.devices_per_node
+
+
+def straggler_clause(row) -> str:
+    """``a straggler: evict (62 s per episode of 0.39 h of work; stay 80 s), 0.05% of wall time``
+    for a ranked row with the straggler columns of `planner.objective.rank_by_goodput`."""
+    other = "stay" if row["straggler_policy"] == "evict" else "evict"
+    other_s = row[f"straggler_{other}_s"]
+    episode = row["straggler_episode_s"]
+    episode_text = f"{episode:.1f} s" if episode < 3600 else f"{episode / 3600:.2f} h"
+    return (f"a straggler: {row['straggler_policy']} ({row['straggler_cost_s']:,.0f} s per "
+            f"episode of {episode_text} of work; {other} "
+            f"{'impossible' if math.isinf(other_s) else f'{other_s:,.0f} s'}), "
+            f"{row['straggler_loss']:.2%} of wall time")
+
+
+def add_straggler_options(sp: argparse.ArgumentParser) -> None:
+    """--straggler-rate and --straggler-factor of `plan`'s failure model (defaults in
+    `planner.objective`)."""
+    from planner.objective import STRAGGLER_FACTOR, STRAGGLER_RATE_PER_DEVICE_HOUR
+    sp.add_argument("--straggler-rate", type=float, metavar="PER_DEVICE_HOUR",
+                    help="slow (not failed) devices per device-hour; each episode is priced "
+                    "as meshplan run --on-straggler would handle it, staying slow or evicting "
+                    f"(default {STRAGGLER_RATE_PER_DEVICE_HOUR:.3g}: as often as a device "
+                    "fails in Llama 3's run, Dubey et al. 2024 §3.3.4; Falcon, Wu et al. "
+                    "2024, arXiv:2410.12588, reports fail-slows but no per-device rate; 0: "
+                    "none)")
+    sp.add_argument("--straggler-factor", type=float, metavar="F",
+                    help="a straggler's compute slowdown, >= 1 (default "
+                    f"{STRAGGLER_FACTOR:.3g}: 1 / 0.7, the mildest slowdown meshplan run's "
+                    "detector confirms at nvidia-resiliency-ext's relative score threshold "
+                    "0.7)")
+
+
+def check_straggler_flags(args: argparse.Namespace) -> None:
+    """Reject a bad --straggler-rate or --straggler-factor before any work.
+
+    Raises:
+        PlanError: a rate that is not a finite number >= 0, or a factor that is not a
+            finite number >= 1.
+    """
+    rate = getattr(args, "straggler_rate", None)
+    if rate is not None and not (math.isfinite(rate) and rate >= 0):
+        raise PlanError(f"--straggler-rate={rate:g} must be a finite number >= 0 of slow "
+                        "devices per device-hour (e.g. --straggler-rate 2e-5; 0: none)")
+    factor = getattr(args, "straggler_factor", None)
+    if factor is not None and not (math.isfinite(factor) and factor >= 1):
+        raise PlanError(f"--straggler-factor={factor:g} must be a finite number >= 1 (1 = "
+                        "full speed, 2 = compute twice as slow)")
+
+
+def goodput_assumptions(args: argparse.Namespace, cluster=None) -> dict:
+    """The failure and checkpoint assumptions of `plan --objective goodput` (SI units). The
+    restart without ``--restart-s``: on a localhost ``cluster`` the runtime's own figure for
+    this machine (`simulator.failures.eviction.LOCAL_RESTART_S`, what `restart_estimate_s`
+    falls back on), else `planner.objective.RESTART_S`.
 
     Raises:
         PlanError: ``--spare-delay-s`` without ``--node-mtbf-hours`` (only node failures wait
@@ -68,9 +128,12 @@ def goodput_assumptions(args: argparse.Namespace) -> dict:
         DEVICE_MTBF_HOURS,
         RESTART_S,
         STORAGE_BANDWIDTH_BPS,
+        STRAGGLER_FACTOR,
+        STRAGGLER_RATE_PER_DEVICE_HOUR,
         WRITER_BANDWIDTH_BPS,
         hours_to_s,
     )
+    from simulator.failures.eviction import LOCAL_RESTART_S
     spare = getattr(args, "spare_delay_s", None)
     node = getattr(args, "node_mtbf_hours", None)
     if spare and node is None:
@@ -79,27 +142,34 @@ def goodput_assumptions(args: argparse.Namespace) -> dict:
     restart = getattr(args, "restart_s", None)
     mtbf = getattr(args, "mtbf_hours", None)
     storage, writer = getattr(args, "storage_gbps", None), getattr(args, "writer_gbps", None)
+    rate, factor = getattr(args, "straggler_rate", None), getattr(args, "straggler_factor", None)
     return {"device_mtbf_s": hours_to_s(DEVICE_MTBF_HOURS if mtbf is None else mtbf),
             "node_mtbf_s": None if node is None else hours_to_s(node),
-            "restart_s": RESTART_S if restart is None else restart,
+            "restart_s": (restart if restart is not None else LOCAL_RESTART_S
+                          if cluster is not None and cluster.nics_per_node == 0
+                          else RESTART_S),
             "spare_delay_s": spare or 0.0,
             "storage_bandwidth_Bps": STORAGE_BANDWIDTH_BPS if storage is None else storage * 1e9,
-            "writer_bandwidth_Bps": WRITER_BANDWIDTH_BPS if writer is None else writer * 1e9}
+            "writer_bandwidth_Bps": WRITER_BANDWIDTH_BPS if writer is None else writer * 1e9,
+            "straggler_rate_per_device_s": (STRAGGLER_RATE_PER_DEVICE_HOUR if rate is None
+                                            else rate) / 3600,
+            "straggler_factor": STRAGGLER_FACTOR if factor is None else factor}
 
 
-def goodput_json(args: argparse.Namespace) -> dict:
+def goodput_json(args: argparse.Namespace, cluster=None) -> dict:
     """Extra top-level key of `plan --json` under ``--objective goodput``: ``goodput_assumptions``
     (`goodput_assumptions`); {} otherwise."""
     if getattr(args, "objective", "throughput") != "goodput":
         return {}
-    return {"goodput_assumptions": goodput_assumptions(args)}
+    return {"goodput_assumptions": goodput_assumptions(args, cluster)}
 
 
 def goodput_table_columns() -> dict:
     """Columns the goodput objective adds to the `plan` table: key -> (header, formatter).
     The ``--json`` rows and ``--csv`` carry every `planner.objective.GOODPUT_COLUMNS`."""
     from apps.format import fmt_krate, fmt_pct
-    return {"goodput": ("goodput", fmt_pct),
+    return {"goodput": ("goodput", fmt_pct), "straggler_loss": ("straggler", fmt_pct),
+            "straggler_policy": ("on straggler", None),
             "effective_tokens_per_s": ("eff ktok/s", fmt_krate)}
 
 

@@ -111,6 +111,7 @@ def elastic_train_args(args: argparse.Namespace) -> list[str]:
     ``--max-restarts`` >= 1 and ``--checkpoint-every`` >= 1, or losing a node ends the job or
     restarts it from step 0, and a plan on every world size of the range
     (`runtime.evict.plan_for_world`)."""
+    from planner.launch import node_range
     from planner.planfile import read_plan_file
     from runtime.config import TrainConfig
     from runtime.evict import plan_for_world
@@ -121,9 +122,7 @@ def elastic_train_args(args: argparse.Namespace) -> list[str]:
                 timeout_s=args.timeout_s)
     if args.max_restarts < 0:
         raise PlanError(f"--max-restarts={args.max_restarts} must be >= 0")
-    min_nodes = args.nodes if args.min_nodes is None else args.min_nodes
-    if not 1 <= min_nodes <= args.nodes:
-        raise PlanError(f"--min-nodes={min_nodes} must be in 1..--nodes={args.nodes}")
+    min_nodes = node_range(args.nodes, args.min_nodes, names=("--min-nodes", "--nodes"))
     if min_nodes < args.nodes:
         if args.max_restarts < 1 or args.checkpoint_every < 1:
             raise PlanError(f"--min-nodes={min_nodes} < --nodes={args.nodes} is an elastic "
@@ -224,7 +223,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `launch` on the CLI's subparsers."""
     from planner.launch import RDZV_BACKENDS, ROCE_GID_INDEX, SOCKET_IFNAME
-    from runtime.faults import add_checkpoint_args
+    from runtime.faults import add_checkpoint_args, add_max_restarts_arg, add_timeout_arg
     sl = sub.add_parser("launch", help="print or run torchrun per node, or write an sbatch "
                         "script, for a plan file")
     sl.add_argument("plan", help="plan file (YAML), readable at the same path on every node")
@@ -245,11 +244,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sl.add_argument("--rdzv-id", help="job id shared by the nodes (default: the plan id)")
     sl.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf, e.g. "
                     "last_call_timeout=10,keep_alive_interval=2")
-    sl.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                    help="torchrun restarts after a failure or a lost node (default 0)")
+    add_max_restarts_arg(sl)
     add_checkpoint_args(sl)
-    sl.add_argument("--timeout-s", type=float, default=None, metavar="S",
-                    help="collective timeout in seconds: a hung rank becomes an error")
+    add_timeout_arg(sl)
     sl.add_argument("--steps", type=int, default=10)
     sl.add_argument("--out", help="run folder (default runs/<plan id>)")
     sl.add_argument("--data", help="text file to train on")

@@ -11,6 +11,7 @@ import json
 import math
 
 from apps.clusters import add_cpu_profile_option
+from apps.cmd_faults import add_straggler_options, check_straggler_flags
 from apps.format import (
     SearchProgress,
     check_output_path,
@@ -87,6 +88,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
+    check_straggler_flags(args)
     require_positive(args, "--top-k", "--prune")
     check_output_path("--out", args.out)
     check_output_path("--csv", getattr(args, "csv", None), folder=True)
@@ -110,7 +112,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
                         progress=SearchProgress(notes, status), **search_kwargs(args))
     if getattr(args, "objective", "throughput") == "goodput":
-        result = goodput_ranked(console, result, model, cluster, args)
+        result = goodput_ranked(console, result, model, cluster, args, tokens)
     if tokens is not None:
         result = train_ranked(console, result, model, cluster, args, tokens)
     ranked, rejected = result.ranked, result.rejected
@@ -127,7 +129,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  + list(TRAIN_COLUMNS) if k in ranked]
         print(json.dumps({"plans": ranked[keys].to_dict("records"),
                           "rejected": rejected.to_dict("records"), **json_extras(result),
-                          **goodput_json(args), **train_json(args, tokens)}))
+                          **goodput_json(args, cluster), **train_json(args, tokens, cluster)}))
     else:
         if not ranked.empty:
             columns = dict(PLAN_TABLE)
@@ -205,10 +207,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--node-mtbf-hours", type=float,
                     help="per-node MTBF in hours (node failures besides device failures)")
     sp.add_argument("--restart-s", type=float, help="seconds from a failure to training "
-                    "again, lost work excluded (--objective goodput; default 300)")
+                    "again, lost work excluded, and the start-up of an eviction's resume "
+                    "(--objective goodput; default 300, an assumption; on localhost-cpu 8, "
+                    "the runtime's own figure for this machine)")
     sp.add_argument("--spare-delay-s", type=float, help="seconds to swap a spare node in "
                     "after a node failure (--objective goodput, with --node-mtbf-hours; "
                     "default 0)")
+    add_straggler_options(sp)
     add_train_options(sp)
     add_plan_options(sp)
     add_cpu_profile_option(sp)

@@ -125,6 +125,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="price per GPU-hour of a node type, for the cost column")
     sp.add_argument("--workers", type=int, help="local processes (default: the cores)")
     sp.add_argument("--ray-address", help="run each point as a Ray task on this cluster "
-                    "('auto', 'local' or ray://host:port); needs Ray installed")
+                    "('auto', 'local', a head's host:port or ray://host:port); needs Ray installed")
     sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sp.set_defaults(func=cmd_sweep)

@@ -211,7 +211,7 @@ def custom_plan(inputs: dict, model, cluster, default: Plan | None) -> Plan | No
     return plan
 
 
-def breakdown_view(pred, cluster, memory_headroom: float) -> None:
+def breakdown_view(pred, plan, cluster, memory_headroom: float) -> None:
     """Step-time breakdown, MFU / HFU and memory per stage against device memory."""
     c = st.columns(5)
     c[0].metric("step time", f"{pred.step_time_s * 1e3:,.1f} ms")
@@ -219,10 +219,10 @@ def breakdown_view(pred, cluster, memory_headroom: float) -> None:
     c[2].metric("MFU", f"{100 * pred.mfu:.1f}%")
     c[3].metric("HFU", f"{100 * pred.hfu:.1f}%")
     c[4].metric("peak memory / rank", f"{pred.peak_memory_bytes / views.GiB:.1f} GiB")
-    parts = views.step_breakdown(pred)
+    parts = views.step_breakdown(pred, plan)
     st.subheader("Where the step time goes (critical stage)")
     st.bar_chart(parts.set_index("part")["ms"], horizontal=True, y_label="ms")
-    st.dataframe(parts.round({"ms": 2, "share_pct": 1}).drop(columns="seconds"),
+    st.dataframe(parts.round({"ms": 2, "share (%)": 1}).drop(columns="seconds"),
                  hide_index=True)
     st.subheader("Memory per pipeline stage (one rank)")
     st.altair_chart(views.memory_chart(pred, cluster.device.memory_bytes, memory_headroom),
@@ -363,7 +363,7 @@ def main() -> None:
         pred = cached_simulate(inputs_json, json.dumps(dataclasses.asdict(plan)))
     with tabs[1]:
         st.markdown(f"**{plan.id}**")
-        breakdown_view(pred, cluster, inputs["memory_headroom"])
+        breakdown_view(pred, plan, cluster, inputs["memory_headroom"])
     with tabs[2]:
         timeline_view(pred)
     with tabs[3]:

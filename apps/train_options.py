@@ -14,7 +14,7 @@ from planner.spec import PlanError
 
 #: Flags of the failure model: they act only under a goodput objective or a token budget.
 FAILURE_FLAGS = ("--mtbf-hours", "--node-mtbf-hours", "--restart-s", "--spare-delay-s",
-                 "--storage-gbps", "--writer-gbps")
+                 "--straggler-rate", "--straggler-factor", "--storage-gbps", "--writer-gbps")
 
 
 def add_train_options(sp: argparse.ArgumentParser) -> None:
@@ -76,12 +76,13 @@ def train_tokens(args: argparse.Namespace, global_batch: int, seq_len: int) -> f
 def train_ranked(console, result, model, cluster, args: argparse.Namespace, tokens: float):
     """Add the time-to-train columns to ``result`` (sorted by them under ``--objective
     time-to-train``, else in the order the objective gave) and print the best plan's line."""
-    from apps.cmd_faults import goodput_assumptions
+    from apps.cmd_faults import eviction_devices, goodput_assumptions, straggler_clause
     from planner.time_to_train import rank_by_time_to_train
     sort = getattr(args, "objective", "throughput") == "time-to-train"
     result = rank_by_time_to_train(
         result, model, tokens=tokens, gpu_hour_usd=getattr(args, "gpu_hour_usd", None),
-        sort=sort, devices_per_node=cluster.devices_per_node, **goodput_assumptions(args))
+        sort=sort, devices_per_node=cluster.devices_per_node,
+        evict_devices=eviction_devices(cluster), **goodput_assumptions(args, cluster))
     if not result.ranked.empty and not args.json:
         best = result.ranked.iloc[0]
         cost = "" if best["cost_usd"] != best["cost_usd"] else f", ${best['cost_usd']:,.0f}"
@@ -89,7 +90,8 @@ def train_ranked(console, result, model, cluster, args: argparse.Namespace, toke
             f"{fmt_tokens(tokens)} tokens on {best['id']}: {best['wall_days']:.1f} days, "
             f"{best['gpu_hours']:,.0f} GPU-hours{cost}, goodput {best['goodput']:.1%} (job "
             f"MTBF {best['job_mtbf_s'] / 3600:.2f} h, checkpoint {best['checkpoint_s']:.1f} s "
-            f"every {best['checkpoint_interval_s'] / 60:.1f} min)", highlight=False)
+            f"every {best['checkpoint_interval_s'] / 60:.1f} min; {straggler_clause(best)})",
+            highlight=False)
     return result
 
 
@@ -104,16 +106,18 @@ def fmt_tokens(tokens: float) -> str:
 def train_table_columns() -> dict:
     """Columns a token budget adds to the `plan` table: key -> (header, formatter)."""
     from apps.format import fmt_pct
-    return {"goodput": ("goodput", fmt_pct), "wall_days": ("days", lambda d: f"{d:.1f}"),
+    return {"goodput": ("goodput", fmt_pct), "straggler_loss": ("straggler", fmt_pct),
+            "straggler_policy": ("on straggler", None),
+            "wall_days": ("days", lambda d: f"{d:.1f}"),
             "gpu_hours": ("GPU-h", lambda h: f"{h:,.0f}"),
             "cost_usd": ("cost $", lambda c: "" if c != c else f"{c:,.0f}")}
 
 
-def train_json(args: argparse.Namespace, tokens: float | None) -> dict:
+def train_json(args: argparse.Namespace, tokens: float | None, cluster=None) -> dict:
     """Top-level ``train_assumptions`` of `plan --json` with a token budget, else {}."""
     if tokens is None:
         return {}
     from apps.cmd_faults import goodput_assumptions
     return {"train_assumptions": {"tokens": tokens,
                                   "gpu_hour_usd": getattr(args, "gpu_hour_usd", None),
-                                  **goodput_assumptions(args)}}
+                                  **goodput_assumptions(args, cluster)}}

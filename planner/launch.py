@@ -163,6 +163,22 @@ def torchrun_command(plan_path: str | Path, *, nproc_per_node: int | str, steps:
     return cmd + list(train_args)
 
 
+def node_range(nodes: int, min_nodes: int | None, *, names: tuple[str, str] = ("min_nodes",
+                                                                             "nodes")) -> int:
+    """The fewest nodes of a launch: ``min_nodes``, or ``nodes`` when None (a fixed size).
+
+    A range with ``min_nodes < nodes`` is elastic (torchrun ``--nnodes MIN:MAX``).
+
+    Raises:
+        PlanError: ``min_nodes`` outside [1, nodes], named by ``names`` (the arguments', or a
+            command line's flags).
+    """
+    min_nodes = nodes if min_nodes is None else min_nodes
+    if not 1 <= min_nodes <= nodes:
+        raise PlanError(f"{names[0]}={min_nodes} must be in [1, {names[1]}={nodes}]")
+    return min_nodes
+
+
 def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
                           rdzv_endpoint: str, steps: int = 10, out_dir: str | Path | None = None,
                           data: str | Path | None = None, rdzv_id: str | None = None,
@@ -195,9 +211,7 @@ def torchrun_node_command(plan_path: str | Path, *, nodes: int, node_rank: int,
     nproc = procs_per_node(pf.plan.world_size, nodes)
     if not 0 <= node_rank < nodes:
         raise PlanError(f"node_rank={node_rank} must be in [0, nodes={nodes})")
-    min_nodes = nodes if min_nodes is None else min_nodes
-    if not 1 <= min_nodes <= nodes:
-        raise PlanError(f"min_nodes={min_nodes} must be in [1, nodes={nodes}]")
+    min_nodes = node_range(nodes, min_nodes)
     if rdzv_backend not in RDZV_BACKENDS:
         raise PlanError(f"rdzv_backend={rdzv_backend!r} is not one of {list(RDZV_BACKENDS)}")
     parse_endpoint(rdzv_endpoint)
@@ -242,9 +256,7 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
     gpus = procs_per_node(pf.plan.world_size, nodes)
     if not 0 < port < 65536:
         raise PlanError(f"port={port} must be in 1..65535")
-    min_nodes = nodes if min_nodes is None else min_nodes
-    if not 1 <= min_nodes <= nodes:
-        raise PlanError(f"min_nodes={min_nodes} must be in [1, nodes={nodes}]")
+    min_nodes = node_range(nodes, min_nodes)
     if rdzv_backend not in RDZV_BACKENDS:
         raise PlanError(f"rdzv_backend={rdzv_backend!r} is not one of {list(RDZV_BACKENDS)}")
     if rdzv_backend == "etcd-v2" and rdzv_endpoint is None:

@@ -35,8 +35,9 @@ block-scaled cast writes a second, column-wise scaled copy (the blocks run along
 other GEMM). Weights are cast once per step and kept for every micro-batch (Megatron-Core /
 Transformer Engine's ``is_first_microbatch`` weight cache); with primary low-precision weights
 (Megatron-Core ``--fp8-param-gather``, NeMo's FP8 recipes) those copies replace the bf16
-linear weights in memory (`weight_cache_bytes_per_param` instead of 2 bytes a parameter), and
-each linear input saved for the weight gradient is kept as its cast.
+linear weights in memory (`weight_cache_bytes_per_param` instead of 2 bytes a parameter);
+NVFP4 keeps the bf16 weights and caches its copies beside them (`Recipe.primary_weights`).
+Each linear input saved for the weight gradient is kept as its cast.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ class Recipe:
         amax_allreduce: the amaxes are all-reduced over the ranks that share the weights
             (tp·dp·cp) once per forward and once per backward (delayed scaling).
         block_scaled: two copies per cast (row- and column-wise scales) on every device.
+        primary_weights: the frameworks hold the linear weights as their casts instead of
+            bf16 (Megatron-Core ``--fp8-param-gather``: Megatron-Bridge's FP8 and MXFP8 mixed
+            precision recipes); False for NVFP4, whose recipe keeps bf16 weights and caches
+            the casts beside them (Megatron-Bridge ``bf16_with_nvfp4_mixed``:
+            ``fp8_param_gather=False``, "FP4 doesn't use param gather").
         needs: human name of the tensor cores the recipe needs.
         source: where the recipe is defined.
     """
@@ -78,6 +84,7 @@ class Recipe:
     block_scaled: bool
     needs: str
     source: str
+    primary_weights: bool = True
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
@@ -94,7 +101,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            source="OCP MX v1.0 §5.3; TE MXFP8BlockScaling"),
     Recipe(name="nvfp4", peak_key="nvfp4", operand_bytes=0.5 + 1.0 / 16, scaling="block",
            amax_pass=True, amax_allreduce=False, block_scaled=True,
-           needs="FP4 tensor cores (Blackwell)",
+           needs="FP4 tensor cores (Blackwell)", primary_weights=False,
            source="NVIDIA 2025, Pretraining LLMs with NVFP4 §3; TE NVFP4BlockScaling"),
 )}
 #: Dtypes a search tries for ``meshplan plan --dtype any``: bf16 and the low-precision recipes.
@@ -119,6 +126,16 @@ def check_default_dtype(value: object, cluster: str) -> str:
     return value
 #: Forward ops of a block that run in the recipe's format (`simulator.step.compute` names).
 LINEAR_GEMMS = ("qkv", "out-proj", "mlp-up", "mlp-down")
+#: The linear GEMMs of an MoE / MLA block (`simulator.step.moe` names) that run in the
+#: recipe's format too: the routed experts' grouped GEMMs (Megatron-Core ``TEGroupedMLP``
+#: under ``fp8_autocast``), the shared experts and the MLA projections (Transformer Engine
+#: linears). The router GEMM stays in higher precision, as do attention, norms, embedding and
+#: output head (DeepSeek-V3 technical report, arXiv:2412.19437, §3.3.1: FP8 for the GEMMs
+#: of the linear operators; the gating module, normalisation and attention kept in BF16/FP32).
+MOE_LINEAR_GEMMS = ("expert-up", "expert-down", "shared-up", "shared-down", "mla-q",
+                    "mla-q-down", "mla-q-up", "mla-kv-down", "mla-kv-up")
+#: Every GEMM a low-precision recipe runs at its rate: dense blocks' and MoE / MLA blocks'.
+LOWP_GEMMS = LINEAR_GEMMS + MOE_LINEAR_GEMMS
 #: Linear GEMM inputs whose cast Transformer Engine fuses into the norm before it
 #: (``LayerNormLinear``, ``LayerNormMLP``): the cast writes, it does not read again.
 NORM_FUSED_INPUTS = ("qkv", "mlp-up")

@@ -106,7 +106,8 @@ def run_sweep(model_name: str, points: Sequence[SweepPoint], *, token_budget: fl
     Args:
         workers: local processes (default: the machine's cores, at most one per point).
         ray_address: run each point as a Ray task on this cluster (``"auto"``, ``"local"``
-            for a fresh local instance, or ``ray://host:port``) instead of locally.
+            for a fresh local instance, a head node's ``host:port``, or ``ray://host:port``)
+            instead of locally.
     Raises:
         PlanError: a non-positive budget, batch or worker count, or ``ray_address`` given
             without Ray installed (``pip install 'meshplan[ray]'``).

@@ -69,7 +69,7 @@ def rank_by_time_to_train(result, model: ModelSpec, *, tokens: float,
     if not tokens > 0 or (gpu_hour_usd is not None and not gpu_hour_usd > 0):
         raise PlanError(f"tokens={tokens} and gpu_hour_usd={gpu_hour_usd} must be > 0")
     order = list(result.ranked["id"])
-    result = rank_by_goodput(result, model, **goodput_kwargs)
+    result = rank_by_goodput(result, model, train_tokens=tokens, **goodput_kwargs)
     ranked = result.ranked.copy()
     if ranked.empty:
         return result

@@ -206,21 +206,29 @@ class CheckpointStore:
         return sorted(self.url(location_name(e["name"])) for e in entries
                       if e["type"] == "directory" and location_name(e["name"]).startswith(prefix))
 
+    def scan(self) -> tuple[list[Path | str], list[Path | str]]:
+        """(finished checkpoints newest first, folders of saves that never finished).
+
+        Finished: local ``step*`` folders (only a finished save is renamed to that name);
+        object-store ``step*/`` prefixes with a manifest (the commit point, module docstring).
+        Unfinished: local ``tmp-step*``; object-store ``step*/`` prefixes without one. On an
+        object store this lists the store once and each ``step*/`` prefix once (N + 1 LIST
+        requests for N folders).
+        """
+        if not self.remote:
+            return self.children("step")[::-1], self.children("tmp-step")
+        finished, unfinished = [], []
+        for folder in self.children("step"):
+            (finished if MANIFEST in self.files(folder) else unfinished).append(folder)
+        return finished[::-1], unfinished
+
     def checkpoints(self) -> list[Path | str]:
-        """Finished checkpoints, newest first: local ``step*`` folders (only a finished save
-        is renamed to that name); object-store ``step*/`` prefixes with a manifest (the
-        commit point, module docstring)."""
-        found = self.children("step")
-        if self.remote:
-            found = [c for c in found if MANIFEST in self.files(c)]
-        return found[::-1]
+        """Finished checkpoints, newest first (`scan`)."""
+        return self.scan()[0]
 
     def unfinished(self) -> list[Path | str]:
-        """Folders of saves that never finished (local ``tmp-step*``; object-store ``step*/``
-        prefixes without a manifest)."""
-        if not self.remote:
-            return self.children("tmp-step")
-        return [c for c in self.children("step") if MANIFEST not in self.files(c)]
+        """Folders of saves that never finished (`scan`)."""
+        return self.scan()[1]
 
     def remove(self, folder: Path | str) -> None:
         """Delete a checkpoint folder (object store: its manifest first, module docstring)."""
@@ -498,7 +506,8 @@ class CheckpointManager:
         choice: list = [None, []]
         if self.rank == 0:
             skipped = []
-            for candidate in store.checkpoints():
+            finished, unfinished = store.scan()
+            for candidate in finished:
                 problem = verify(candidate)
                 if problem is None:
                     choice = [str(candidate), skipped]
@@ -507,16 +516,17 @@ class CheckpointManager:
                                "falling back to the previous one")
             else:
                 choice = [None, skipped]
-            for leftover in store.unfinished():
+            for leftover in unfinished:
                 store.remove(leftover)                         # unfinished saves
         dist.broadcast_object_list(choice, src=0)
         path, skipped = choice
         if path is None:
             return 0, None, skipped
         path = checkpoint_location(path)
-        options = FLAT_OPTIM if _flat_optimizer_keys(path) else StateDictOptions()
+        keys = _saved_keys(path)                 # one metadata read for both key questions
+        options = FLAT_OPTIM if _flat_optimizer_keys(keys) else StateDictOptions()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
-        chunk_free = options is FLAT_OPTIM and not _chunk_indexed_keys(path)
+        chunk_free = options is FLAT_OPTIM and not _chunk_indexed_keys(keys)
         keyed = self._chunk_free if chunk_free else dict
         state = {"model": keyed(model_sd), "optim": keyed(optim_sd)}
         dcp.load(state, storage_reader=store.reader(path))
@@ -535,29 +545,30 @@ class CheckpointManager:
             else state
 
 
-def _saved_keys(folder: Path | str):
-    return store_of(folder).reader(folder).read_metadata().state_dict_metadata
+def _saved_keys(folder: Path | str) -> set[str]:
+    """The state-dict keys in checkpoint ``folder``'s DCP metadata (one read of it)."""
+    return set(store_of(folder).reader(folder).read_metadata().state_dict_metadata)
 
 
-def _chunk_indexed_keys(folder: Path | str) -> bool:
-    """Whether checkpoint ``folder`` was written by an interleaved pipeline before keys were
-    made chunk-free (``model.0.tok.weight``); it loads on the same layout only."""
-    keys = _saved_keys(folder)
+def _chunk_indexed_keys(keys: set[str]) -> bool:
+    """Whether a checkpoint with these keys was written by an interleaved pipeline before keys
+    were made chunk-free (``model.0.tok.weight``); it loads on the same layout only."""
     return any(re.match(r"model\.\d+\.", key) for key in keys)
 
 
-def _flat_optimizer_keys(folder: Path | str) -> bool:
-    """Whether checkpoint ``folder`` keys its optimizer param groups by FQN (`FLAT_OPTIM`);
-    False for a checkpoint written before that (``optim.param_groups.0.lr``), which loads in
-    the list form (correct on a layout with one pipeline stage per rank set, as it was saved)."""
-    keys = _saved_keys(folder)
+def _flat_optimizer_keys(keys: set[str]) -> bool:
+    """Whether a checkpoint with these keys keys its optimizer param groups by FQN
+    (`FLAT_OPTIM`); False for a checkpoint written before that (``optim.param_groups.0.lr``),
+    which loads in the list form (correct on a layout with one pipeline stage per rank set, as
+    it was saved)."""
     return "optim.param_groups.0.lr" not in keys        # no parameter's FQN is "0"
 
 
-def saved_world_size(folder: Path | str) -> int:
-    """Ranks that wrote checkpoint ``folder``: its ``extra_rank{r}.pt`` files."""
-    return sum(1 for name in store_of(folder).files(folder)
-               if re.fullmatch(r"extra_rank\d+\.pt", name))
+def saved_world_size(folder: Path | str, files: dict[str, int] | None = None) -> int:
+    """Ranks that wrote checkpoint ``folder``: its ``extra_rank{r}.pt`` files (from ``files``,
+    its listing, when the caller has it)."""
+    files = store_of(folder).files(folder) if files is None else files
+    return sum(1 for name in files if re.fullmatch(r"extra_rank\d+\.pt", name))
 
 
 def load_extra(folder: Path | str, rank: int, world_size: int) -> dict:
@@ -577,10 +588,11 @@ def load_extra(folder: Path | str, rank: int, world_size: int) -> dict:
 
     def load(name: str) -> dict:
         return torch.load(io.BytesIO(store.read_bytes(join(folder, name))), weights_only=False)
-    saved = saved_world_size(folder)
+    files = store.files(folder)
+    saved = saved_world_size(folder, files)
     if saved == world_size:
         return load(f"extra_rank{rank}.pt")
-    if "extra_rank0.pt" not in store.files(folder):
+    if "extra_rank0.pt" not in files:
         raise FileNotFoundError(f"checkpoint {location_name(folder)} has no extra_rank0.pt "
                                 "(data position and RNG states); it cannot be resumed")
     return load("extra_rank0.pt") | {"resharded_from": saved}

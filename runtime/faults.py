@@ -57,15 +57,13 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
                         help="inject a fault (repeatable): kill:rank=R,step=S, "
                              "hang:rank=R,step=S, slow:rank=R,factor=F, "
                              "corrupt-checkpoint:step=S, nan:step=S")
-    parser.add_argument("--timeout-s", type=float, default=None, metavar="S",
-                        help="collective timeout in seconds: a hung rank becomes an error")
+    add_timeout_arg(parser)
     parser.add_argument("--on-nan", choices=ON_NAN, default="stop",
                         help="a NaN loss stops the run with an error (default), or skips "
                              "the step's update")
     add_straggler_args(parser)
     if launcher:
-        parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                            help="torchrun restarts of the whole group after a failure")
+        add_max_restarts_arg(parser)
         parser.add_argument("--spares", type=int, default=0, metavar="N",
                             help="spare nodes an eviction may swap in (default 0: the job "
                                  "re-plans on the ranks left)")
@@ -75,6 +73,21 @@ def add_fault_args(parser: argparse.ArgumentParser, *, launcher: bool = False) -
     else:
         parser.add_argument("--sync-checkpoint", action="store_true",
                             help="blocking dcp.save instead of async_save (for measurements)")
+
+
+def add_timeout_arg(parser: argparse.ArgumentParser) -> None:
+    """``--timeout-s``, the collective timeout: shared by ``runtime.train``, ``meshplan run``
+    and ``meshplan launch``."""
+    parser.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                        help="collective timeout in seconds: a hung rank becomes an error")
+
+
+def add_max_restarts_arg(parser: argparse.ArgumentParser) -> None:
+    """``--max-restarts``, torchrun's restarts of the whole group: shared by ``meshplan run``
+    and ``meshplan launch``."""
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="torchrun restarts of the whole group after a failure or a "
+                             "lost node (default 0)")
 
 
 def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:

@@ -26,15 +26,16 @@ def median_s(fn: Callable[[], object], iters: int, warmup: int = 1) -> float:
 def model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
                      recompute: str = "none", tp_mesh=None, dp_mesh=None,
                      zero_stage: int = 3, sequence_parallel: bool = False,
-                     barrier=None) -> dict[str, float]:
+                     cp_mesh=None, barrier=None) -> dict[str, float]:
     """Median forward, backward and AdamW seconds of the runtime's model with ``layers``
     layers on one (micro_batch, seq_len) batch; under TP when ``tp_mesh`` is given (with
-    sequence parallelism when ``sequence_parallel``), under FSDP2
-    (`runtime.parallel.dp.apply_dp` at ``zero_stage``) when ``dp_mesh`` is.
-    Arguments as `model_step_rows`."""
+    sequence parallelism when ``sequence_parallel``), under context parallelism when
+    ``cp_mesh`` is, under FSDP2 (`runtime.parallel.dp.apply_dp` at ``zero_stage``) when
+    ``dp_mesh`` is. Arguments as `model_step_rows`."""
     rows = model_step_rows(spec, layers, micro_batch, iters, recompute=recompute,
                            tp_mesh=tp_mesh, dp_mesh=dp_mesh, zero_stage=zero_stage,
-                           sequence_parallel=sequence_parallel, barrier=barrier)
+                           sequence_parallel=sequence_parallel, cp_mesh=cp_mesh,
+                           barrier=barrier)
     return {k: statistics.median(r[j] for r in rows)
             for j, k in enumerate(("fwd", "bwd", "opt"))}
 
@@ -42,24 +43,33 @@ def model_step_times(spec: ModelSpec, layers: int, micro_batch: int, iters: int,
 def model_step_rows(spec: ModelSpec, layers: int, micro_batch: int, iters: int, *,
                     recompute: str = "none", tp_mesh=None, dp_mesh=None,
                     zero_stage: int = 3, sequence_parallel: bool = False,
-                    barrier=None) -> list[tuple[float, float, float]]:
+                    cp_mesh=None, barrier=None) -> list[tuple[float, float, float]]:
     """``(forward, backward, AdamW)`` seconds of each of ``iters`` timed steps (after two
     warm-up steps) of the runtime's model with ``layers`` layers on one (micro_batch,
     seq_len) batch. ``recompute`` is `runtime.parallel.recompute.apply_recompute`'s policy ("none",
     "full", "selective"). ``barrier`` (a callable) runs before every step, so that processes
-    timed together start each step together; TP / SP / FSDP2 as in `model_step_times`."""
+    timed together start each step together; TP / SP / FSDP2 as in `model_step_times`.
+    ``cp_mesh``: the model as a context-parallel plan runs it (`runtime.parallel.cp.apply_cp`:
+    every block's attention is the key/value ring of `runtime.ring_attention` on the tiled
+    kernel of `runtime.attention`), each rank on its load-balanced seq_len / cp tokens of the
+    batch (`runtime.ring_attention.shard_sequence`); no gradient reduction (the caller costs
+    DP over dp·cp as for the other terms)."""
     import torch
     from torch.distributed.tensor.parallel import loss_parallel
 
     from runtime.model import Transformer, cross_entropy_loss
+    from runtime.parallel.cp import apply_cp
     from runtime.parallel.dp import apply_dp
     from runtime.parallel.recompute import apply_recompute
     from runtime.parallel.tp import apply_tp
+    from runtime.ring_attention import shard_sequence
     from runtime.train import make_optimizer
 
     model = Transformer(spec.replace(num_layers=layers), seed=0)
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, sequence_parallel=sequence_parallel, loss_parallel=True)
+    if cp_mesh is not None:
+        apply_cp(model, cp_mesh)
     apply_recompute(model, recompute)
     if dp_mesh is not None:
         model = apply_dp(model, dp_mesh, zero_stage=zero_stage)
@@ -67,6 +77,8 @@ def model_step_rows(spec: ModelSpec, layers: int, micro_batch: int, iters: int, 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), generator=g)
     y = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), generator=g)
+    if cp_mesh is not None:
+        x, y = (shard_sequence(t, cp_mesh.size(), cp_mesh.get_local_rank()) for t in (x, y))
     ctx = loss_parallel if tp_mesh is not None else _nullcontext
     rows = []
     for i in range(iters + 2):                     # two warm-up steps (DTensor propagation)

@@ -13,7 +13,9 @@ microbenchmarks of `runtime.calibrate.bench`:
   action and of one interleaved-1F1B action of ``torch.distributed.pipelining`` on trivial
   stages, and the same 1- and
   3-layer models under DTensor tensor parallelism (`runtime.parallel.tp.apply_tp`), with
-  and without sequence parallelism, each also under selective recomputation.
+  and without sequence parallelism, each also under selective recomputation, and under
+  context parallelism (`runtime.parallel.cp.apply_cp`: what a cp plan runs, the key/value
+  ring of `runtime.ring_attention` on the tiled kernel of `runtime.attention`, not SDPA).
 
 Layer time = (3-layer − 1-layer time) / 2; edges (embedding + head + loss) = the rest; each as
 ``{tokens: seconds}``; the k processes start each timed step together and the slowest one's
@@ -156,7 +158,7 @@ def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
                           timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "tp_sp": {}, "fsdp": {},
+    out: dict = {"collectives": {}, "p2p": [], "tp": {}, "tp_sp": {}, "cp": {}, "fsdp": {},
                  "tp_dp": {}}
     groups = {world: None}
     if world > 2:
@@ -194,6 +196,14 @@ def _dist_worker(rank, world, port, specs, tp_micro_batches, iters, queue):
                         sequence_parallel=True, barrier=dist.barrier)
                 if rank == 0:
                     queue.put(("tick", f"ws={world} tp{n} L{layers} mb{mb}"))
+        # context parallelism over groups of n: the ring on the tiled kernel, not SDPA
+        mesh = init_device_mesh("cpu", (world // n, n), mesh_dim_names=("dp", "cp"))
+        for mb in tp_micro_batches:
+            for layers in CALIBRATION_LAYERS:
+                out["cp"][(n, layers, mb, "none")] = bench.model_step_times(
+                    spec, layers, mb, iters, cp_mesh=mesh["cp"], barrier=dist.barrier)
+            if rank == 0:
+                queue.put(("tick", f"ws={world} cp{n} mb{mb}"))
     dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     for mb in tp_micro_batches:                       # ZeRO-3 over all ranks
         for layers in CALIBRATION_LAYERS:
@@ -319,7 +329,8 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
     worlds = [w for w in levels if w >= 2]
     n_compute = len(_compute_items(specs, micro_batches, True))
     ticks = len(levels) * n_compute + sum(
-        len(COLLECTIVES) + 1 + 2 * len(tp_micro_batches) * (2 + 2 * (w > 2)) for w in worlds)
+        len(COLLECTIVES) + 1 + 2 * len(tp_micro_batches) * (2 + 2 * (w > 2))
+        + len(tp_micro_batches) * (1 + (w > 2)) for w in worlds)
     compute: dict = {shape_key(s): {"local": {}, "tp": {}} for s in specs}
     ops_by_k = {}
     start = time.perf_counter()
@@ -362,6 +373,10 @@ def calibrate(specs: list[ModelSpec], *, ranks: int = 4, micro_batches: tuple[in
             timings = {(layers, mb, rc): v for (m, layers, mb, rc), v in res["tp_sp"].items()
                        if m == n}
             compute[shape_key(spec)].setdefault("tp_sp", {}).setdefault(f"tp{n}", {})[
+                world] = _terms_from_models(spec, timings, tp_micro_batches)
+            timings = {(layers, mb, rc): v for (m, layers, mb, rc), v in res["cp"].items()
+                       if m == n}
+            compute[shape_key(spec)].setdefault("cp", {}).setdefault(f"cp{n}", {})[
                 world] = _terms_from_models(spec, timings, tp_micro_batches)
         timings = {(layers, mb, "none"): v for (_, layers, mb), v in res["fsdp"].items()}
         compute[shape_key(spec)].setdefault("zero3", {}).setdefault(f"dp{world}", {})[world] = \

@@ -92,18 +92,47 @@ def compute_by_class_s(model: ModelSpec, plan: Plan, cluster,
     return dict(out)
 
 
+IN_LAYER = "in-layer tp/cp/zero3"
+# the names of the other comm-stream events (simulator/step/pipeline.py), for a reader
+COMM_EVENT_LABELS = {"dp-grad-reduce": "data-parallel gradient reduce",
+                     "dp-weight-gather": "ZeRO weight all-gather"}
+
+
+def comm_kind(name: str, plan: Plan | None = None) -> str:
+    """The kind of comm-stream event ``name``.
+
+    The in-layer collectives ("tp-F3", "tp-B3") hold what the simulator merges per
+    micro-batch: TP's all-reduces (or SP's all-gathers / reduce-scatters), the CP ring and
+    ZeRO-3's per-layer gathers and reduce-scatters. Without ``plan`` they are one key,
+    `IN_LAYER`, and the other events keep their names ("dp-grad-reduce"), so two plans'
+    kinds line up (`meshplan diff`). With ``plan`` every kind is a label for a reader that
+    names only the collectives that plan has.
+    """
+    if plan is None:
+        return IN_LAYER if name.startswith("tp-") else name
+    if not name.startswith("tp-"):
+        return COMM_EVENT_LABELS.get(name, name)
+    parts = []
+    if plan.tp > 1:
+        parts.append("tensor-parallel " + ("all-gather / reduce-scatter"
+                                           if plan.sequence_parallel else "all-reduce"))
+    if plan.cp > 1:
+        parts.append("context-parallel ring")
+    if plan.zero_stage == 3:
+        parts.append("ZeRO-3 weight gather / gradient reduce-scatter")
+    return " + ".join(parts) or IN_LAYER
+
+
 def comm_by_kind_s(events: list[tuple]) -> dict[str, float]:
-    """{kind: seconds} of the comm-stream events of the stage that finishes last: the in-layer
-    collectives ("tp-F3", "tp-B3": TP, the CP ring and ZeRO-3 gathers the simulator merges
-    per micro-batch) as "in-layer tp/cp/zero3", the others ("dp-grad-reduce") by name."""
+    """{kind: seconds} of the comm-stream events of the stage that finishes last, keyed by
+    `comm_kind` without a plan ("in-layer tp/cp/zero3", "dp-grad-reduce")."""
     if not events:
         return {}
     critical = max(events, key=lambda e: e[4])[0]
     out: dict[str, float] = defaultdict(float)
     for stage, stream, name, start, end in events:
         if stage == critical and stream == "comm":
-            kind = "in-layer tp/cp/zero3" if name.startswith("tp-") else name
-            out[kind] += end - start
+            out[comm_kind(name)] += end - start
     return dict(out)
 
 

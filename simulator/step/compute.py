@@ -42,7 +42,7 @@ from typing import Literal, NamedTuple, get_args
 import yaml
 
 from planner.precision import (
-    LINEAR_GEMMS,
+    LOWP_GEMMS,
     NORM_FUSED_INPUTS,
     block_scaled_device,
     cast_bytes,
@@ -55,6 +55,12 @@ from simulator import PRESET_DIR
 from simulator.network.hardware import DeviceProfile
 
 PRESET = PRESET_DIR / "efficiency.yaml"
+#: Attention kernels' published rates per GPU generation and the kernel each framework's
+#: attention call runs (`attention_kernel_rate`).
+KERNEL_PRESET = PRESET_DIR / "attention_kernels.yaml"
+#: A FlashAttention backward's FLOPs over its forward's: five matmuls against two, the scores
+#: recomputed (Dao 2023, "FlashAttention-2", §3.1 and its FLOP count).
+FLASH_BWD_FLOPS = 2.5
 
 Attention = Literal["flash", "flash-triton", "unfused"]
 #: How context-parallel attention exchanges keys and values (`SimOptions.cp_attention`):
@@ -83,7 +89,9 @@ class Efficiency:
         kernel_s: fixed device time per kernel (launch gap, tail).
         host_op_s: CPU time per launched op in an eager framework (forward op; the backward
             launches twice as many).
-        flash_fraction: FlashAttention FLOP rate relative to a large GEMM.
+        flash_fraction: the attention kernel's FLOP rate relative to a large GEMM; a property
+            of the generation's kernel (FlashAttention-2 on Hopper, cuDNN on Blackwell:
+            ``efficiency.yaml``), not carried across generations.
         fp8_fraction: an FP8 / MXFP8 GEMM's ceiling (fraction of the FP8 peak) relative to
             a bf16 GEMM's ``gemm_max_fraction`` of the bf16 peak (`lowp_efficiency`).
         fp4_fraction: the same for NVFP4 GEMMs against the FP4 peak.
@@ -134,6 +142,101 @@ def load_framework(name: str) -> dict[str, float]:
     data = dict(_presets().get("frameworks", {}).get(name, {}))
     data.pop("source", None)
     return {k: float(v) for k, v in data.items()}
+
+
+@lru_cache(maxsize=1)
+def _kernel_presets() -> dict:
+    with open(KERNEL_PRESET, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def attention_kernel_names() -> list[str]:
+    """Every name an ``attention_kernel`` setting may take: the framework dispatchers
+    (``dispatch`` in ``attention_kernels.yaml``) and the kernels themselves.
+
+    >>> attention_kernel_names()
+    ['cudnn', 'fa2', 'fa3', 'sdpa', 'te-fused']
+    """
+    data = _kernel_presets()
+    return sorted([*data["dispatch"], *data["kernels"]])
+
+
+class KernelRate(NamedTuple):
+    """One attention kernel's training rate on one GPU generation (`attention_kernel_rate`)."""
+
+    kernel: str
+    generation: str
+    fraction: float
+    source: str
+
+
+def kernel_training_fraction(fwd_tflops: float, bwd_tflops: float, peak_tflops: float) -> float:
+    """Training rate of an attention kernel as a fraction of the dense peak: a step runs its
+    forward (F FLOPs at ``fwd_tflops``) and backward (2.5·F at ``bwd_tflops``;
+    `FLASH_BWD_FLOPS`), so the rate is (1 + 2.5) / (1/fwd + 2.5/bwd), over ``peak_tflops``.
+
+    >>> round(kernel_training_fraction(300, 300, 1000), 3)  # one rate both ways: itself
+    0.3
+    >>> round(kernel_training_fraction(400, 200, 1000), 4)  # 3.5 / (1/400 + 2.5/200)
+    0.2333
+    """
+    return (1 + FLASH_BWD_FLOPS) / (1 / fwd_tflops + FLASH_BWD_FLOPS / bwd_tflops) / peak_tflops
+
+
+def attention_kernel_rate(kernel: str, device: str) -> KernelRate | None:
+    """The published training rate of attention ``kernel`` (a kernel or a framework
+    dispatcher of ``attention_kernels.yaml``, e.g. ``te-fused``) on ``device`` (a device
+    preset name): the dispatcher resolved for the device's generation, the rate by
+    `kernel_training_fraction`. None where no rate is published for that generation (the
+    device's ``efficiency.yaml`` default applies).
+
+    >>> r = attention_kernel_rate("te-fused", "h100-sxm-80gb")  # cuDNN: 534 fwd, 517 bwd
+    >>> r.kernel, r.generation, round(r.fraction, 4)
+    ('cudnn', 'hopper', 0.5275)
+    >>> attention_kernel_rate("sdpa", "a100-sxm-80gb") is None  # no A100 entry
+    True
+
+    Raises:
+        PlanError: ``kernel`` is not a name of ``attention_kernels.yaml``.
+    """
+    data = _kernel_presets()
+    if kernel not in attention_kernel_names():
+        raise PlanError(f"attention_kernel={kernel!r} is not one of {attention_kernel_names()} "
+                        f"({KERNEL_PRESET.name}); name one of them or add its benchmark there")
+    generation = next((g for g, devices in data["generations"].items() if device in devices),
+                      None)
+    if generation is None:
+        return None
+    name = data["dispatch"].get(kernel, {}).get(generation) if kernel in data["dispatch"] \
+        else kernel
+    entry = data["kernels"].get(name, {}).get(generation) if name else None
+    if entry is None:
+        return None
+    return KernelRate(name, generation, kernel_training_fraction(
+        float(entry["fwd_tflops"]), float(entry["bwd_tflops"]), float(entry["peak_tflops"])),
+        entry["source"])
+
+
+def with_attention_kernel(eff: Efficiency, device: str, kernel: str | None) -> Efficiency:
+    """``eff`` with the ``flash_fraction`` of attention ``kernel`` on ``device``: the
+    kernel's published training rate (`attention_kernel_rate`, a fraction of the dense peak)
+    over the GEMM ceiling of the device's ``efficiency.yaml`` entry, the documented
+    isolated-GEMM ceiling every ``flash_fraction`` is measured against (H100: 0.713), so a
+    refit of the GEMM terms moves attention with the GEMMs as it does for every device
+    default. ``eff`` itself when ``kernel`` is None or has no published rate on the
+    device's generation.
+
+    >>> e = with_attention_kernel(load_efficiency("h100-sxm-80gb"), "h100-sxm-80gb", "te-fused")
+    >>> round(e.flash_fraction, 4)  # cuDNN 0.5275 of the peak / the 0.713 ceiling
+    0.7399
+    >>> with_attention_kernel(e, "h100-sxm-80gb", None) is e
+    True
+    """
+    rate = attention_kernel_rate(kernel, device) if kernel else None
+    if rate is None:
+        return eff
+    return dataclasses.replace(
+        eff, flash_fraction=rate.fraction / load_efficiency(device).gemm_max_fraction)
 
 
 class Op(NamedTuple):
@@ -311,10 +414,10 @@ def cast_ops(ops: list[Op], dtype: str, block_scaled: bool) -> list[Op]:
     if r is None:
         return []
     copies = cast_copies(r, block_scaled)
-    return [Op(f"{op.name}-cast", bytes=cast_bytes(r, op.m * op.k, copies,
+    return [Op(f"{op.name}-cast", bytes=cast_bytes(r, op.m * op.k * op.count, copies,
                                                    fused_read=op.name in NORM_FUSED_INPUTS),
-               bwd_bytes=cast_bytes(r, op.m * op.n, copies))
-            for op in ops if op.name in LINEAR_GEMMS]
+               bwd_bytes=cast_bytes(r, op.m * op.n * op.count, copies))
+            for op in ops if op.name in LOWP_GEMMS]
 
 
 def lowp_efficiency(eff: Efficiency, device: DeviceProfile, dtype: str) -> Efficiency:
@@ -348,7 +451,7 @@ def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> flo
     """Forward device time of ``op``; a linear GEMM of a low-precision recipe runs at the
     recipe's peak and `lowp_efficiency`, every other op in the storage dtype (bf16)."""
     peak = device.peak(storage_dtype(dtype))
-    if op.m and op.name in LINEAR_GEMMS and recipe(dtype) is not None:
+    if op.m and op.name in LOWP_GEMMS and recipe(dtype) is not None:
         low = recipe(dtype)
         return gemm_time_s(op.m, op.n, op.k, device.peak(low.peak_key),
                            lowp_efficiency(eff, device, dtype), op.count)
@@ -403,7 +506,7 @@ def ops_compute(ops: tuple[Op, ...], device: DeviceProfile, eff: Efficiency,
         if op.bwd_bytes is not None:
             bwd += op_time_s(op._replace(bytes=op.bwd_bytes), device, eff, dtype)
         else:
-            bwd += 2.5 * t if op.flops else 2 * t
+            bwd += FLASH_BWD_FLOPS * t if op.flops else 2 * t
         if op.name in ATTENTION_CORE:
             core += t
     host = eff.host_op_s * len(ops)

@@ -52,6 +52,7 @@ from simulator.step.compute import (
     edge_compute,
     layer_compute,
     load_efficiency,
+    with_attention_kernel,
 )
 from simulator.step.cpu_model import cpu_stage_costs
 from simulator.step.memory import optimizer_bytes_per_param, stage_param_split, stage_param_splits
@@ -68,6 +69,9 @@ def _efficiency(cluster: Cluster, options: SimOptions) -> Efficiency:
         eff = Efficiency(gemm_max_fraction=dev.matmul_efficiency, gemm_half_flops=0.0,
                          num_sms=1, memory_fraction=dev.memory_efficiency, kernel_s=0.0,
                          host_op_s=0.0, flash_fraction=1.0)
+    if options.attention != "unfused":
+        # The framework's attention kernel at its published rate on this GPU generation.
+        eff = with_attention_kernel(eff, cluster.device.name, options.attention_kernel)
     return eff
 
 
@@ -504,7 +508,7 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if cluster.cpu_profile is not None and plan.cp == 1:
+    if cluster.cpu_profile is not None:      # calibrated CPU (cp plans too): no bound
         return 0.0, 0.0
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     chunks = plan.layers_per_stage(model)
@@ -597,7 +601,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
     """
     check_plan(model, plan)
     check_cluster(plan, cluster)
-    if cluster.cpu_profile is not None and plan.cp == 1:  # calibrated CPU
+    if cluster.cpu_profile is not None:  # calibrated CPU (cp plans: the measured ring)
         calibrated = cpu_stage_costs(model, plan, cluster)
         if calibrated is not None:
             return _with_wgrad(calibrated, model, plan, cluster, options)
@@ -670,7 +674,8 @@ def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
         lc_g, *moe_comm = chunk_moe_terms(
             model, plan, cluster, g, rank, options.attention, dev, eff,
             imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
-            overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention)
+            overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention,
+            recompute_modules=options.recompute_modules)
     return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
                         tuple(moe_comm))
 

@@ -22,6 +22,12 @@ TP layer / edges            the same two models under DTensor TP (``runtime.para
                             gloo group of tp ranks, all world ranks busy: comm + dispatch
 TP + SP layer / edges       the same with sequence parallelism (reduce-scatter + all-gather),
                             also under selective recomputation
+CP layer / edges            the same two models under context parallelism
+                            (``runtime.parallel.cp``) in a gloo group of cp ranks, all world
+                            ranks busy, each on its seq_len/cp tokens: the key/value ring of
+                            ``runtime.ring_attention`` on the tiled kernel of
+                            ``runtime.attention``, not SDPA (keyed by the micro-batch's whole
+                            b·s tokens, as the other terms)
 collectives, send/recv      gloo all-reduce, reduce-scatter, all-gather at 4 KiB - 16 MiB per
                             (world size, group size): the measured points (`at_size`), and
                             an alpha-beta fit for the preset-format ``collective`` section
@@ -132,6 +138,13 @@ def _has(levels: dict, names: tuple[str, ...]) -> bool:
 
 def _levels(entry: dict, plan: Plan) -> tuple[dict, bool] | None:
     # ({active ranks: terms}, measured under FSDP2) for the plan's parallelism, or None
+    if plan.cp > 1:
+        # the ring on the tiled kernel, measured without TP and without DP: DDP over dp·cp
+        # (`_rank_tail`) or FSDP2's modelled traffic (`_fsdp_comm`) is added, as for SP x DP
+        cp = entry.get("cp", {}).get(f"cp{plan.cp}")
+        if not cp or plan.tp > 1:
+            return None
+        return {int(w): v for w, v in cp.items()}, False
     zero3 = entry.get("zero3", {}).get(f"dp{plan.dp}") if zero3_measured(plan) else None
     if plan.sequence_parallel:
         # measured without DP; SP x DP adds FSDP2's modelled traffic, as TP x DP does with
@@ -154,23 +167,27 @@ def selective_terms(entry: dict, plan: Plan, levels: dict, fsdp: bool, tokens: f
                     active: float, plain: dict[str, float]) -> dict[str, float] | None:
     """Seconds per micro-batch of one layer's forward and backward under selective
     recomputation: measured as such (``layer_*_selective`` of ``levels``), or, for layer
-    times measured under FSDP2 (``fsdp``), those plus what selective adds to the same layer
-    without FSDP (the local terms, or the TP ones at the plan's TP degree), at the same tokens
-    and active rank count. None when the profile has neither.
+    times measured under FSDP2 (``fsdp``) or on the context-parallel ring (cp > 1), those
+    plus what selective adds to the same layer without FSDP (the local terms, or the TP ones
+    at the plan's TP degree), at the rank's tokens (b·s/cp) and active rank count. None when
+    the profile has neither.
 
     ``plain`` holds the plan's ``layer_fwd`` / ``layer_bwd`` (seconds) from ``levels``.
     """
     if _has(levels, SELECTIVE_TERMS):
         return {name: _at(levels, name, tokens, active) for name in SELECTIVE_TERMS}
-    if not fsdp:
+    if not fsdp and plan.cp == 1:
         return None
     base = (entry.get("tp", {}).get(f"tp{plan.tp}") if plan.tp > 1 else entry["local"]) or {}
     base = {int(k): v for k, v in base.items()}
     if not base or not _has(base, SELECTIVE_TERMS):
         return None
+    # what the policy replays is per token (norms, activations, dropout): a cp rank's
+    # b·s/cp tokens
+    mine = tokens / plan.cp
     return {f"layer_{ph}_selective": plain[f"layer_{ph}"]
-            + _at(base, f"layer_{ph}_selective", tokens, active)
-            - _at(base, f"layer_{ph}", tokens, active) for ph in ("fwd", "bwd")}
+            + _at(base, f"layer_{ph}_selective", mine, active)
+            - _at(base, f"layer_{ph}", mine, active) for ph in ("fwd", "bwd")}
 
 
 def compute_terms(profile: CpuProfile, model: ModelSpec, plan: Plan) -> dict[str, float] | dict:
@@ -194,11 +211,13 @@ def compute_terms(profile: CpuProfile, model: ModelSpec, plan: Plan) -> dict[str
     local = {int(k): v for k, v in entry["local"].items()}
     out = {name: _at(levels, name, tokens, active) for name in LAYER_TERMS}
     for name in ("emb_fwd", "emb_bwd"):
-        out[name] = _at(local, name, tokens, active)
+        # a cp rank embeds its seq_len / cp tokens of each sequence
+        out[name] = _at(local, name, tokens / plan.cp, active)
     for name in ("opt_layer_s", "opt_edge_s"):
         out[name] = interpolate({k: v[name] for k, v in levels.items()}, active)
-    if plan.tp > 1 or zero3:
-        # Recomputation under TP / ZeRO-3 replays the forward (its collectives included).
+    if plan.tp > 1 or plan.cp > 1 or zero3:
+        # Recomputation under TP / CP / ZeRO-3 replays the forward (its collectives and the
+        # forward ring included).
         out["layer_bwd_full"] = out["layer_bwd"] + out["layer_fwd"]
     if plan.recompute == "selective":
         sel = selective_terms(entry, plan, levels, zero3, tokens, active, out)
@@ -242,8 +261,9 @@ def ddp_bucket_bytes(grad_bytes: float) -> list[float]:
 
 
 def uses_fsdp(plan: Plan) -> bool:
-    """The runtime shards with FSDP2 (ZeRO plans, and TP x DP); else DDP (or nothing)."""
-    return plan.dp > 1 and (plan.zero_stage > 0 or plan.tp > 1)
+    """The runtime shards with FSDP2 (ZeRO plans, and TP x DP); else DDP (or nothing); the
+    data-parallel ranks are dp·cp (`runtime.parallel.cp.data_parallel_mesh`)."""
+    return plan.dp_cp > 1 and (plan.zero_stage > 0 or plan.tp > 1)
 
 
 def step_overhead_s(profile: CpuProfile, plan: Plan) -> float:
@@ -255,13 +275,13 @@ def step_overhead_s(profile: CpuProfile, plan: Plan) -> float:
 
 def _fsdp_comm(profile: CpuProfile, plan: Plan, layers: int, grad_bytes: float,
                m: int) -> tuple[float, float]:
-    # FSDP2: each block (and the chunk's root) all-gathers its shard before every forward
-    # (it reshards after backward); ZeRO-3 gathers again before the backward; the
-    # gradients reduce-scatter once per step (synced on the last micro-batch only).
+    # FSDP2 over the dp·cp ranks: each block (and the chunk's root) all-gathers its shard
+    # before every forward (it reshards after backward); ZeRO-3 gathers again before the
+    # backward; the gradients reduce-scatter once per step (synced on the last micro-batch).
     world, units = plan.world_size, layers + 1
     unit_bytes = grad_bytes / units
-    gather = profile.collective_s("all_gather", unit_bytes, world, plan.dp)
-    scatter = profile.collective_s("reduce_scatter", unit_bytes, world, plan.dp)
+    gather = profile.collective_s("all_gather", unit_bytes, world, plan.dp_cp)
+    scatter = profile.collective_s("reduce_scatter", unit_bytes, world, plan.dp_cp)
     return units * gather, units * ((gather if plan.zero_stage == 3 else 0.0) + scatter / m)
 
 
@@ -272,10 +292,10 @@ def _rank_tail(profile: CpuProfile, model: ModelSpec, plan: Plan, terms: dict, r
     chunks = plan.layers_per_stage(model)
     mine = range(rank, len(chunks), plan.pp)
     dp_comm = 0.0
-    if plan.dp > 1 and not fsdp:
+    if plan.dp_cp > 1 and not fsdp:
         # each bucket at its own size: with more ranks than cores the measured time is far
-        # from linear in bytes (`at_size`)
-        dp_comm = sum(profile.collective_s("all_reduce", size, plan.world_size, plan.dp)
+        # from linear in bytes (`at_size`); DDP reduces over the dp·cp ranks
+        dp_comm = sum(profile.collective_s("all_reduce", size, plan.world_size, plan.dp_cp)
                       for c in mine
                       for size in ddp_bucket_bytes(chunk_params(model, plan, c) * 4))
     emb_share = model.embedding_params() / max(1.0, model.embedding_params()
@@ -284,7 +304,7 @@ def _rank_tail(profile: CpuProfile, model: ModelSpec, plan: Plan, terms: dict, r
                  + terms["opt_edge_s"] * ((rank == 0) * emb_share
                                           + (rank == plan.pp - 1) * (1 - emb_share)))
     return {"dp_comm_s": dp_comm + step_overhead_s(profile, plan),
-            "optimizer_s": optimizer / plan.dp if fsdp else optimizer}
+            "optimizer_s": optimizer / plan.dp_cp if fsdp else optimizer}
 
 
 def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:

@@ -282,7 +282,9 @@ def zero3_buffer_bytes(model: ModelSpec, plan: Plan) -> float:
 def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                      attention: str = "unfused", *,
                      fp32_main_grads: bool = False,
-                     block_scaled: bool = False) -> list[MemoryBreakdown]:
+                     block_scaled: bool = False,
+                     recompute_modules: tuple[str, ...] | None = None,
+                     main_grad_bytes: int | None = None) -> list[MemoryBreakdown]:
     """Peak memory of one rank of each pipeline stage.
 
     Weights and gradients in the plan dtype; Adam states per `optimizer_bytes_per_param`; ZeRO
@@ -301,19 +303,30 @@ def memory_per_stage(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
             gradients keeps them (`main_grad_bytes_per_param`: Megatron 18 bytes per
             parameter in bf16, 6 + 12/dp with the distributed optimizer; DeepSpeed ZeRO-0
             fp16 20); False: the ZeRO paper's 2 + 2 + 12.
+        main_grad_bytes: with ``fp32_main_grads``, the bytes of one main-gradient element
+            when the buffer is not fp32: Megatron-Core's DDP keeps its gradient buffer in
+            the reduction dtype, bf16 (2) under ``grad_reduce_in_fp32=False``
+            (``DistributedDataParallelConfig``), as the Megatron-Bridge and NeMo 2.0
+            performance recipes set it; None: `main_grad_bytes_per_param`'s.
         block_scaled: the device has block-scaled tensor cores (one FP8 weight copy instead
             of the weight and its transpose, `planner.precision.cast_copies`). A
             low-precision plan holds its linear weights as their casts instead of bf16
             (primary low-precision weights: Megatron-Core ``--fp8-param-gather``, NeMo's FP8
-            recipes; the fp32 master weights stay in the optimizer states) and stores the
-            linear inputs as their casts (`lowp_activation_saving`).
+            recipes; the fp32 master weights stay in the optimizer states; NVFP4 holds the
+            casts beside the bf16 weights, `planner.precision.Recipe.primary_weights`) and
+            stores the linear inputs as their casts (`lowp_activation_saving`).
+        recompute_modules: an MoE model's selective recomputation modules; the
+            output-discarding ones keep fewer activations
+            (`simulator.step.moe.selective_saving_bytes`).
     Raises:
         PlanError: the layers do not split over the stages (from `Plan.layers_per_stage`).
     """
     return [MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o,
                             activations_bytes=a, overhead_bytes=overhead_bytes)
             for _, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
-                                                block_scaled)]
+                                                block_scaled,
+                                                recompute_modules=recompute_modules,
+                                                main_grad_bytes=main_grad_bytes)]
 
 
 #: Schedules whose micro-batches in flight never grow from one stage to the next.
@@ -322,7 +335,8 @@ MONOTONE_IN_FLIGHT = ("1f1b", "gpipe", "interleaved-1f1b")
 
 def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0,
                        attention: str = "unfused", *, fp32_main_grads: bool = False,
-                       block_scaled: bool = False) -> tuple[int, MemoryBreakdown]:
+                       block_scaled: bool = False,
+                       main_grad_bytes: int | None = None) -> tuple[int, MemoryBreakdown]:
     """``(stage, breakdown)`` of the stage of `memory_per_stage` that needs the most (the
     first of equals), without building the others' breakdowns.
 
@@ -340,7 +354,8 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
         stages = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
     worst, parts, top = 0, None, -1.0
     for stage, (w, g, o, a) in _stage_parts(model, plan, attention, fp32_main_grads,
-                                            block_scaled, stages):
+                                            block_scaled, stages,
+                                            main_grad_bytes=main_grad_bytes):
         total = w + g + o + a + overhead_bytes  # as `MemoryBreakdown.total_bytes` sums
         if total > top:
             worst, parts, top = stage, (w, g, o, a), total
@@ -350,7 +365,9 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
 
 
 def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
-                 block_scaled: bool, stages: list[int] | None = None):
+                 block_scaled: bool, stages: list[int] | None = None,
+                 recompute_modules: tuple[str, ...] | None = None,
+                 main_grad_bytes: int | None = None):
     # (stage, (weights, gradients, optimizer, activations) bytes) of each stage (or of
     # ``stages``), as `memory_per_stage` documents them.
     d = DTYPE_BYTES[plan.dtype]
@@ -365,6 +382,8 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
+    if fp32_main_grads and main_grad_bytes:
+        g = main_grad_bytes
     linear = _linear_params(model) / plan.tp
     cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
     gathered = zero3_buffer_bytes(model, plan)          # the same on every stage
@@ -374,9 +393,16 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
         acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
                                                            held_chunks[stage])
         if moe:
-            from simulator.step.moe import activation_delta_bytes, stage_expert_blocks
-            expert_blocks = stage_expert_blocks(model, plan, stage)
-            acts += expert_blocks * activation_delta_bytes(model, plan)
+            from simulator.step.moe import (
+                activation_delta_bytes,
+                selective_saving_bytes,
+                stage_expert_blocks,
+            )
+            n_moe = stage_expert_blocks(model, plan, stage)
+            acts += n_moe * activation_delta_bytes(model, plan) \
+                - (layers - n_moe) * selective_saving_bytes(model, plan, recompute_modules,
+                                                            False) \
+                - n_moe * selective_saving_bytes(model, plan, recompute_modules, True)
 
         def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
             # bytes of both parameter groups, each sharded over its own group under ZeRO
@@ -385,14 +411,16 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
 
         # Low-precision primary weights: the linear weights are held as their casts (FP8 and
         # its transpose on Hopper), not in bf16 (`planner.precision`); 0 for bf16.
-        wc = cache_per_param - d if recipe(plan.dtype) else 0.0
+        # NVFP4 keeps its bf16 weights and caches the casts beside them.
+        r = recipe(plan.dtype)
+        wc = 0.0 if r is None else cache_per_param - (d if r.primary_weights else 0.0)
         if moe:
             # the rank's own matrices: non-expert ones / tp, its E/ep local experts
             from simulator.step.moe import expert_params_per_block
             routed = model.num_experts * model.expert_params() * model.num_moe_layers \
                 / model.num_layers
             mine = (_linear_params(model) - routed) / plan.tp * layers
-            local = expert_blocks * expert_params_per_block(model, plan)
+            local = n_moe * expert_params_per_block(model, plan)
             cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
         else:
             cached = linear * layers * wc / (shard if z >= 3 else 1)

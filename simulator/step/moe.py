@@ -43,20 +43,25 @@ output projections with its low-rank GEMMs (`mla_ops`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from planner.mesh import expert_group_ranks
+from planner.precision import block_scaled_device, recipe
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan
 from simulator.network.cluster import Cluster
 from simulator.network.collectives import collective_time_s
 from simulator.network.hardware import DeviceProfile
 from simulator.step.compute import (
+    ATTENTION_CORE,
     Attention,
     CpAttention,
     Efficiency,
     LayerCompute,
     Op,
+    cast_ops,
     layer_forward_ops,
+    op_time_s,
     ops_compute,
 )
 
@@ -175,13 +180,79 @@ def expert_ops(model: ModelSpec, plan: Plan, imbalance: float) -> list[Op]:
     return ops
 
 
-@lru_cache(maxsize=4096)
-def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
-                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0,
-                  cp_attention: CpAttention = "ring") -> LayerCompute:
-    """`LayerCompute` of one block of an MoE and/or MLA model on one rank: the dense block's
+_EXPERT_GEMMS = ("expert-up", "expert-down")
+#: Bytes moved per weight element by the accumulation of one micro-batch's weight gradient:
+#: Megatron-Core's fused accumulation (``gradient_accumulation_fusion``; Transformer Engine
+#: ``GroupedLinear(fuse_wgrad_accumulation=True)`` for the experts) runs the wgrad GEMM with
+#: beta = 1 into the fp32 ``main_grad``, reading and writing it (4 + 4 B); PyTorch autograd
+#: writes the bf16 gradient and adds it into ``.grad`` (2 + 2 + 2 + 2 B). 8 B either way.
+WGRAD_ACCUMULATION_BYTES = 8
+
+
+def wgrad_accumulation_excess_s(op: Op, wgrad_s: float, device: DeviceProfile,
+                                eff: Efficiency) -> float:
+    """Seconds the weight-gradient GEMM of ``op`` (``count`` experts' (n, k) weights, its
+    compute ``wgrad_s``) takes beyond its compute because the gradient accumulation is
+    memory-bound: a GEMM takes at least the time its bytes take (roofline, Williams et al.
+    2009, "Roofline: an insightful visual performance model", CACM 52(4)), here
+    `WGRAD_ACCUMULATION_BYTES` per weight element at the memory-bound ops' bandwidth
+    (``memory_fraction`` of the device's). A dense GEMM over T tokens does 2·T flops per
+    weight element and stays compute-bound; a routed expert sees only its m = t·k/(E/ep)
+    token copies (on a B200 at MXFP8, 4.5 PF x 0.56 against 8 TB/s x 0.62: below
+    m ≈ 2,000), so with many local experts the accumulation sets the pace.
+
+    >>> from simulator.network.hardware import load_device
+    >>> from simulator.step.compute import load_efficiency
+    >>> dev, eff = load_device("h100-sxm-80gb"), load_efficiency("h100-sxm-80gb")
+    >>> up = Op("expert-up", m=1024, n=4096, k=7168, count=32)
+    >>> # 32 x 4096 x 7168 x 8 B = 7.516 GB at 3.35 TB/s x 0.6222 = 2.0843 TB/s: 3.606 ms;
+    >>> # less a 1.0 ms GEMM = 2.606 ms
+    >>> round(wgrad_accumulation_excess_s(up, 1e-3, dev, eff) * 1e3, 3)
+    2.606
+    """
+    moved = WGRAD_ACCUMULATION_BYTES * op.count * op.n * op.k
+    return max(0.0, moved / (device.memory_bandwidth_Bps * eff.memory_fraction) - wgrad_s)
+
+
+#: Forward ops (with their casts) each Megatron-Core ``recompute_modules`` entry repeats in
+#: the backward under selective recomputation (``TransformerConfig.recompute_modules``:
+#: "core_attn" the core attention, "mla_up_proj" the MLA up projections and RoPE, "moe_act"
+#: the experts' activation, "layernorm" the input and pre-MLP norms, "mlp" the dense MLP
+#: (a dense block's only), "moe" the whole MoE layer (its all-to-alls too, `chunk_moe_terms`),
+#: "shared_experts" the shared experts). Default ["core_attn"].
+RECOMPUTE_MODULES: dict[str, tuple[str, ...]] = {
+    "core_attn": ATTENTION_CORE,
+    "mla_up_proj": ("mla-q-up", "mla-kv-up", "mla-q-up-cast", "mla-kv-up-cast"),
+    "moe_act": ("expert-act",),
+    "layernorm": ("norm1", "norm2"),
+    "mlp": _DENSE_MLP + ("mlp-up-cast", "mlp-down-cast"),
+    "moe": ("router", "router-topk", "permute", "expert-up", "expert-act", "expert-down",
+            "unpermute", "shared-up", "shared-act", "shared-down", "expert-up-cast",
+            "expert-down-cast", "shared-up-cast", "shared-down-cast"),
+    "shared_experts": ("shared-up", "shared-act", "shared-down", "shared-up-cast",
+                       "shared-down-cast"),
+}
+
+
+def recomputed_ops(recompute_modules: tuple[str, ...] | None) -> frozenset[str]:
+    """Names of the forward ops selective recomputation repeats for ``recompute_modules``
+    (`RECOMPUTE_MODULES`; None: Megatron-Core's default, the attention core).
+
+    >>> sorted(recomputed_ops(("mla_up_proj",)))
+    ['mla-kv-up', 'mla-kv-up-cast', 'mla-q-up', 'mla-q-up-cast']
+    """
+    return frozenset(n for m in (recompute_modules or ("core_attn",))
+                     for n in RECOMPUTE_MODULES[m])
+
+
+def block_ops(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
+              moe_layer: bool, imbalance: float = 1.0,
+              cp_attention: CpAttention = "ring") -> list[Op]:
+    """Forward ops of one block of an MoE and/or MLA model on one rank: the dense block's
     ops (`layer_forward_ops`) with the MLP swapped for `expert_ops` when ``moe_layer`` and the
-    attention for `mla_ops` when the model uses MLA (cached)."""
+    attention for `mla_ops` when the model uses MLA, plus a low-precision recipe's quantize
+    ops for every linear GEMM of the block, the experts' and MLA's included
+    (`planner.precision.LOWP_GEMMS`)."""
     ops = layer_forward_ops(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
                             attention, plan.dtype, plan.cp, cp_attention)
     t = plan.micro_batch * model.seq_len // plan.cp
@@ -193,21 +264,45 @@ def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: De
         at = next(i for i, op in enumerate(ops) if op.name == "mlp-up")
         ops = ops[:at] + expert_ops(model, plan, imbalance) + \
             [op for op in ops[at:] if op.name not in _DENSE_MLP]
-    return ops_compute(tuple(ops), device, eff, plan.dtype)
+    return ops + cast_ops(ops, plan.dtype, block_scaled_device(device.peak_flops))
+
+
+@lru_cache(maxsize=4096)
+def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
+                  eff: Efficiency, moe_layer: bool, imbalance: float = 1.0,
+                  cp_attention: CpAttention = "ring",
+                  recompute_modules: tuple[str, ...] | None = None) -> LayerCompute:
+    """`LayerCompute` of `block_ops` (cached), its backward with the routed experts'
+    `wgrad_accumulation_excess_s`. Its ``attn_core_fwd_s``, the forward time selective
+    recomputation repeats, is that of the ops `recomputed_ops` (``recompute_modules``)
+    names."""
+    ops = block_ops(model, plan, attention, device, moe_layer, imbalance, cp_attention)
+    lc = ops_compute(tuple(ops), device, eff, plan.dtype)
+    lc = replace(lc, bwd_s=lc.bwd_s + sum(
+        wgrad_accumulation_excess_s(op, op_time_s(op, device, eff, plan.dtype), device, eff)
+        for op in ops if op.name in _EXPERT_GEMMS))
+    if recompute_modules is None:
+        return lc
+    again = recomputed_ops(recompute_modules)
+    return replace(lc, attn_core_fwd_s=sum(op_time_s(op, device, eff, plan.dtype)
+                                           for op in ops if op.name in again))
 
 
 def chunk_compute(model: ModelSpec, plan: Plan, chunk: int, attention: Attention,
                   device: DeviceProfile, eff: Efficiency, imbalance: float = 1.0,
-                  cp_attention: CpAttention = "ring") -> tuple[LayerCompute, int]:
+                  cp_attention: CpAttention = "ring",
+                  recompute_modules: tuple[str, ...] | None = None
+                  ) -> tuple[LayerCompute, int]:
     """(mean `LayerCompute` per block, MoE blocks) of pipeline chunk ``chunk`` (pipeline
     order, as `Plan.layers_per_stage`), its dense and MoE blocks each costed by
     `block_compute`."""
     n_moe = chunk_moe_blocks(model, plan, chunk)
     n = plan.layers_per_stage(model)[chunk]
     parts = [(n - n_moe, block_compute(model, plan, attention, device, eff, False,
-                                       cp_attention=cp_attention)),
+                                       cp_attention=cp_attention,
+                                       recompute_modules=recompute_modules)),
              (n_moe, block_compute(model, plan, attention, device, eff, True, imbalance,
-                                   cp_attention))]
+                                   cp_attention, recompute_modules))]
     parts = [(w, lc) for w, lc in parts if w]
     mean = LayerCompute(*(sum(w * getattr(lc, f) for w, lc in parts) / n
                           for f in ("fwd_s", "bwd_s", "attn_core_fwd_s", "host_fwd_s",
@@ -236,13 +331,34 @@ def node_dedup_factor(model: ModelSpec, nodes: int) -> float:
     return u / k
 
 
+#: Share of one GPU's NVLink bandwidth (per direction) that DeepEP's normal dispatch kernel
+#: moves inside one NVLink domain: 153 GB/s on H800, whose NVLink runs at ~160 GB/s
+#: (DeepEP README, github.com/deepseek-ai/DeepEP, "Normal kernels with NVLink and RDMA
+#: forwarding", intranode EP 8 row; combine 158 GB/s). The kernel writes every token copy
+#: straight into the peer's receive buffer (Hybrid-EP on NVL72 the same way, by TMA; NVIDIA,
+#: DeepEP ``hybrid-ep`` branch, Hybrid-EP_Implementation.md), so neither a per-peer step
+#: latency nor a separate staging pass of NCCL's all-to-all applies.
+DEEPEP_NVLINK_FRACTION = 153 / 160
+
+
 def dispatch_time_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
                     imbalance: float = 1.0, dispatcher: str = "alltoall") -> float:
     """Seconds of one dispatch (or combine) all-to-all of one MoE block, one micro-batch: the
     ep group's all-to-all of t·k·h·bytes per rank (`collective_time_s`, with every EP group
     of the stage running at once and sharing the NICs), times the routing imbalance; with
     etp > 1 plus the all-gather of the received tokens over the etp group. ``dispatcher``
-    'deepep' scales the bytes by `node_dedup_factor` when the group spans nodes.
+    'deepep' scales the bytes by `node_dedup_factor` when the group spans nodes; inside one
+    NVLink domain it is DeepEP's copy kernel: the (ep − 1)/ep of the bytes that leave the
+    rank at `DEEPEP_NVLINK_FRACTION` of the NVLink bandwidth, plus one launch.
+
+    >>> from planner.presets import load_model
+    >>> from simulator.network.cluster import load_cluster
+    >>> m, c = load_model("deepseek-v3"), load_cluster("dgx-h100", nodes=1)
+    >>> p = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8)
+    >>> # 4,096 tokens x 8 copies x 7,168 x 2 B = 469.8 MB, 7/8 of it leaves the rank:
+    >>> # 411.0 MB / (450 GB/s x 153/160 = 430.3 GB/s) = 955.2 us, + 42 us launch = 997.2 us
+    >>> round(dispatch_time_s(m, p, c, 0, dispatcher="deepep") * 1e6, 1)
+    997.2
     """
     if plan.ep == 1 and plan.etp == 1:
         return 0.0
@@ -252,7 +368,13 @@ def dispatch_time_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
     nodes = len({cluster.node_of(r) for r in group}) if cluster.nics_per_node else 1
     if dispatcher == "deepep":
         size *= node_dedup_factor(model, nodes)
-    out = collective_time_s(cluster, "all_to_all", size, group) if plan.ep > 1 else 0.0
+    if plan.ep == 1:
+        out = 0.0
+    elif dispatcher == "deepep" and nodes == 1 and cluster.collective_bandwidth_Bps is None:
+        out = cluster.comm.launch_latency_s + size * (plan.ep - 1) / plan.ep \
+            / (cluster.intra_bandwidth_Bps * DEEPEP_NVLINK_FRACTION)
+    else:
+        out = collective_time_s(cluster, "all_to_all", size, group)
     if plan.etp > 1:
         out += collective_time_s(cluster, "all_gather", size * plan.etp,
                                  expert_group_ranks(plan, "etp", stage=stage))
@@ -288,7 +410,25 @@ def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
     SwiGLU, 4·f_e/etp for GeLU, as the dense MLP keeps per token, Korthikanti et al. 2022
     Table 2), the unpermute input (2h) per copy, and the shared experts as a dense MLP; minus
     the dense MLP's 3h + 6f (or 4f) per token. 16-bit bytes, scaled by dtype_bytes / 2;
-    full recomputation keeps neither (0)."""
+    full recomputation keeps neither (0).
+
+    Under a low-precision recipe Transformer Engine keeps each linear GEMM's input for the
+    weight gradient as its cast (``operand_bytes`` an element, not 2), the experts' grouped
+    linears as the dense ones (`simulator.step.memory.lowp_activation_saving`): per received
+    copy the permuted input (h) and the activation output (f_e/etp), per token the shared
+    experts' activation output (n_s·f_e/tp); and the dense MLP-down input (f/tp per token)
+    that `lowp_activation_saving` takes off every block is not an MoE block's.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("mixtral-8x7b")      # h 4096, f = f_e 14336, top-2 of 8, no shared
+    >>> p = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8)
+    >>> # 4096 tokens, 8192 copies: 4096*(2*4096 + 4*8) + 8192*(4*4096 + 6*14336)
+    >>> # - 4096*(3*4096 + 6*14336) = 469,893,120 B in bf16; FP8 keeps the copies' h + f_e
+    >>> # as 1 B instead of 2 and gives back the dense f: (8192*(4096 + 14336)
+    >>> # - 4096*14336) * 1 = 92,274,688 B less
+    >>> activation_delta_bytes(m, p), activation_delta_bytes(m, p.replace(dtype="fp8"))
+    (469893120.0, 377618432.0)
+    """
     if plan.recompute == "full":
         return 0.0
     h, k, e, fe = model.hidden, model.experts_per_token, model.num_experts, model.expert_hidden
@@ -299,33 +439,78 @@ def activation_delta_bytes(model: ModelSpec, plan: Plan) -> float:
     moe = tr * (2 * h + 4 * e) + copies * (4 * h + c * fe / plan.etp) \
         + t_all * c * model.num_shared_experts * fe / plan.tp
     dense = t_all * (3 * h + c * model.ffn_hidden) / plan.tp
-    return (moe - dense) * DTYPE_BYTES[plan.dtype] / 2
+    out = (moe - dense) * DTYPE_BYTES[plan.dtype] / 2
+    low = recipe(plan.dtype)
+    if low is not None:
+        out -= (2 - low.operand_bytes) * (
+            copies * (h + fe / plan.etp) + t_all * model.num_shared_experts * fe / plan.tp
+            - t_all * model.ffn_hidden / plan.tp)
+    return out
+
+
+def selective_saving_bytes(model: ModelSpec, plan: Plan,
+                           recompute_modules: tuple[str, ...] | None,
+                           moe_layer: bool) -> float:
+    """Activation bytes one block (one micro-batch, one rank) does not keep under
+    ``recompute='selective'`` with the output-discarding ``recompute_modules`` of
+    Megatron-Core (``TransformerConfig.recompute_modules``: "moe_act", "layernorm" and
+    "mla_up_proj" discard their outputs and recompute them in the backward): "layernorm" the
+    input and pre-MLP norm outputs (2h per token, /tp with sequence parallelism), "moe_act"
+    an MoE block's activation output per received copy (f_e/etp), each as the plan stores it
+    (the recipe's cast, ``operand_bytes``, for a low-precision plan; else the dtype's bytes).
+    "mla_up_proj"'s tensors are not in the activation formula, so it saves nothing here.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("mixtral-8x7b")
+    >>> p = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, recompute="selective",
+    ...          dtype="fp8")
+    >>> # layernorm 4096 tokens x 2 x 4096 x 1 B; moe_act 8192 copies x 14336 x 1 B
+    >>> want = 4096 * 2 * 4096 + 8192 * 14336
+    >>> selective_saving_bytes(m, p, ("layernorm", "moe_act"), True) == want
+    True
+    """
+    if plan.recompute != "selective" or not recompute_modules:
+        return 0.0
+    low = recipe(plan.dtype)
+    b = low.operand_bytes if low is not None else DTYPE_BYTES[plan.dtype]
+    out = 0.0
+    if "layernorm" in recompute_modules:
+        t = tokens_per_rank(model, plan) * (1 if plan.sequence_parallel else plan.tp)
+        out += 2 * model.hidden * t * b
+    if "moe_act" in recompute_modules and moe_layer:
+        copies = plan.etp * tokens_per_rank(model, plan) * model.experts_per_token
+        out += copies * model.expert_hidden / plan.etp * b
+    return out
 
 
 def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, stage: int,
                     attention: Attention, device: DeviceProfile, eff: Efficiency, *,
                     imbalance: float = 1.0, dispatcher: str = "alltoall",
-                    overlap: bool = False, cp_attention: CpAttention = "ring"
+                    overlap: bool = False, cp_attention: CpAttention = "ring",
+                    recompute_modules: tuple[str, ...] | None = None
                     ) -> tuple[LayerCompute, float, float]:
     """(mean `LayerCompute` per block, exposed all-to-all seconds per block forward, the same
     backward) of pipeline chunk ``chunk`` on pipeline rank ``stage``, one micro-batch.
 
     Each MoE block runs a dispatch and a combine all-to-all forward and both again backward
-    (`dispatch_time_s`); full recomputation repeats the forward pair. With ``overlap`` (a
+    (`dispatch_time_s`); full recomputation, and selective recomputation of the "moe" module
+    (``recompute_modules``), repeat the forward pair. With ``overlap`` (a
     framework that runs one micro-batch's all-to-all beside another's compute: Megatron-Core
     ``--overlap-moe-expert-parallel-comm``, DualPipe, DeepSeek-V3 report §3.2.1) only the part
     longer than the block's compute is exposed. Averaged over the chunk's blocks (dense
     blocks send nothing).
     """
     mean, n_moe = chunk_compute(model, plan, chunk, attention, device, eff, imbalance,
-                                cp_attention)
+                                cp_attention, recompute_modules)
     if n_moe == 0 or (plan.ep == 1 and plan.etp == 1):
         return mean, 0.0, 0.0
     a2a = dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
-    fwd, bwd = 2 * a2a, 2 * a2a + (2 * a2a if plan.recompute == "full" else 0.0)
+    again = plan.recompute == "full" or (plan.recompute == "selective"
+                                         and "moe" in (recompute_modules or ()))
+    fwd, bwd = 2 * a2a, 2 * a2a + (2 * a2a if again else 0.0)
     if overlap:
         block = block_compute(model, plan, attention, device, eff, True, imbalance,
-                              cp_attention)
+                              cp_attention, recompute_modules)
         fwd, bwd = max(0.0, fwd - block.fwd_s), max(0.0, bwd - block.bwd_s)
     share = n_moe / plan.layers_per_stage(model)[chunk]
     return mean, fwd * share, bwd * share

@@ -64,14 +64,16 @@ class StepPrediction:
 
 def _prediction(model: ModelSpec, plan: Plan, cluster: Cluster, step: float, compute: float,
                 comm: float, events: list[tuple], attention: str, *,
-                fp32_main_grads: bool = False) -> StepPrediction:
+                fp32_main_grads: bool = False,
+                main_grad_bytes: int | None = None) -> StepPrediction:
     # MFU / HFU (`planner.flops`) against the world's dense peak at the plan's storage dtype
     # (bf16 for a low-precision recipe, as torchtitan and Megatron-Bridge report MFU)
     tokens_per_s = plan.global_batch * model.seq_len / step
     peak = cluster.device.peak(storage_dtype(plan.dtype))
     memory = memory_per_stage(model, plan, attention=attention,
                               fp32_main_grads=fp32_main_grads,
-                              block_scaled=block_scaled_device(cluster.device.peak_flops))
+                              block_scaled=block_scaled_device(cluster.device.peak_flops),
+                              main_grad_bytes=main_grad_bytes)
     return StepPrediction(
         step_time_s=step, compute_s=compute, comm_s=comm,
         bubble_s=max(0.0, step - compute - comm), tokens_per_s=tokens_per_s,
@@ -116,7 +118,8 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, *, trace: bool = Fa
                                    post_validation=options.optimizer_post_validation)
     return _prediction(model, plan, cluster, result.step_time_s, result.compute_s,
                        result.comm_s, result.events, options.attention,
-                       fp32_main_grads=options.fp32_main_grads)
+                       fp32_main_grads=options.fp32_main_grads,
+                       main_grad_bytes=options.grad_reduce_bytes)
 
 
 def _asymmetric(model, plan, cluster, options, costs, stragglers, links):
@@ -154,4 +157,5 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
         step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
                                                 plan.virtual_stages)
     return _prediction(model, plan, cluster, step, compute, comm, [], options.attention,
-                       fp32_main_grads=options.fp32_main_grads)
+                       fp32_main_grads=options.fp32_main_grads,
+                       main_grad_bytes=options.grad_reduce_bytes)

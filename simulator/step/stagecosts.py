@@ -8,7 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.spec import PlanError
-from simulator.step.compute import CP_ATTENTIONS, Attention, CpAttention, Efficiency
+from simulator.step.compute import (
+    CP_ATTENTIONS,
+    Attention,
+    CpAttention,
+    Efficiency,
+    attention_kernel_names,
+)
+from simulator.step.moe import RECOMPUTE_MODULES
 
 #: PyTorch DDP's first gradient bucket (``first_bucket_bytes``, 1 MiB) and the later ones
 #: (``bucket_cap_mb=25``): ``torch/nn/parallel/distributed.py``.
@@ -104,12 +111,22 @@ class SimOptions:
         moe_a2a_overlap: MoE all-to-alls run beside another micro-batch's compute
             (Megatron-Core ``--overlap-moe-expert-parallel-comm``, DualPipe); only the part
             longer than the block's compute is exposed.
+        recompute_modules: with ``recompute='selective'``, the block parts an MoE / MLA
+            model recomputes (Megatron-Core ``recompute_modules``: 'core_attn', 'mla_up_proj',
+            'moe_act', 'layernorm', 'mlp', 'moe', 'shared_experts';
+            `simulator.step.moe.RECOMPUTE_MODULES`); None: Megatron-Core's default
+            ['core_attn'], the attention core.
         cp_attention: how context-parallel attention (cp > 1) exchanges keys and values:
             'ring' (each rank's compact K/V block to the next rank, every hop under one
             block's attention: Megatron-Core / Transformer Engine) or 'pytorch' (PyTorch's
             ``context_parallel`` SDPA as torchtitan runs it: K/V all-gathered with the
             query heads' width, fp32 gradient hops and merges;
             `simulator.step.costs.torch_cp_comm`, `simulator.step.compute.torch_cp_merge_bytes`).
+        attention_kernel: the fused-attention kernel the framework's attention call runs, a
+            name of ``presets/attention_kernels.yaml`` (a dispatcher such as 'te-fused' or
+            'sdpa', resolved per GPU generation, or a kernel: 'fa2', 'fa3', 'cudnn'); its
+            published rate replaces the device's ``flash_fraction``
+            (`simulator.step.compute.attention_kernel_rate`). None: the device's default.
     """
 
     attention: Attention = "flash"
@@ -129,13 +146,23 @@ class SimOptions:
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
+    recompute_modules: tuple[str, ...] | None = None
     optimizer_post_validation: bool = False
     cp_attention: CpAttention = "ring"
+    attention_kernel: str | None = None
 
     def __post_init__(self) -> None:
+        bad = sorted(set(self.recompute_modules or ()) - set(RECOMPUTE_MODULES))
+        if bad:
+            raise PlanError(f"recompute_modules={list(self.recompute_modules)!r}: {bad} not "
+                            f"among {list(RECOMPUTE_MODULES)} (Megatron-Core's choices)")
         if self.cp_attention not in CP_ATTENTIONS:
             raise PlanError(f"cp_attention={self.cp_attention!r} is not one of "
                             f"{list(CP_ATTENTIONS)}")
+        if self.attention_kernel is not None \
+                and self.attention_kernel not in attention_kernel_names():
+            raise PlanError(f"attention_kernel={self.attention_kernel!r} is not one of "
+                            f"{attention_kernel_names()}; name one or leave it unset")
 
 
 DEFAULT_OPTIONS = SimOptions()

@@ -8,10 +8,14 @@ terms its datasheet gives (docs/validation.md, "Efficiency across generations"):
   shapes), the GEMM saturation as a fixed latency ``gemm_half_flops / peak`` (a GEMM's
   prologue / epilogue and tile fill: the same seconds at any rate), ``memory_fraction``
   (the achieved share of HBM bandwidth of the frameworks' memory-bound kernels),
-  ``kernel_s`` and ``host_op_s`` (launch gap, CPU time per op), ``flash_fraction``
-  (FlashAttention's rate relative to a GEMM), ``fp8_fraction`` / ``fp4_fraction`` (a
-  low-precision GEMM's ceiling relative to bf16's);
-* from the datasheet: peak FLOP/s per dtype, HBM bandwidth, SM count (wave quantisation).
+  ``kernel_s`` and ``host_op_s`` (launch gap, CPU time per op), ``fp8_fraction`` /
+  ``fp4_fraction`` (a low-precision GEMM's ceiling relative to bf16's);
+* from the datasheet: peak FLOP/s per dtype, HBM bandwidth, SM count (wave quantisation);
+* from the generation's published attention-kernel benchmark, in the device's own
+  ``efficiency.yaml`` entry: ``flash_fraction`` (the attention kernel's rate relative to a
+  GEMM; FlashAttention-2's 35% of the H100 peak on Hopper, cuDNN's 54.6% of the B200 peak on
+  Blackwell, where FlashAttention-2 / -3 do not run). Neither carried nor refitted: which
+  kernel a generation runs is a fact about its software, not an efficiency to fit.
 
 `carried_efficiency` builds a device's entry from the reference entry (H100 SXM's) by those
 rules; `held_out_errors` fits the carried terms on every row but a group (a source, or a GPU
@@ -35,25 +39,28 @@ from simulator.validation.validate import RunCase, predict, validation_cluster
 REFERENCE = "h100-sxm-80gb"
 #: The carried terms a fit frees (``gemm_half_flops`` as the reference device's).
 CARRIED = ("gemm_max_fraction", "gemm_half_flops", "memory_fraction", "kernel_s",
-           "host_op_s", "flash_fraction", "fp8_fraction", "fp4_fraction")
-_FRACTIONS = ("gemm_max_fraction", "memory_fraction", "flash_fraction", "fp8_fraction",
-              "fp4_fraction")
+           "host_op_s", "fp8_fraction", "fp4_fraction")
+_FRACTIONS = ("gemm_max_fraction", "memory_fraction", "fp8_fraction", "fp4_fraction")
 
 
 def carried_efficiency(ref: Efficiency, ref_device: DeviceProfile,
                        device: DeviceProfile) -> Efficiency:
     """``device``'s entry from the reference entry ``ref`` of ``ref_device``: every carried
     term kept, the saturation point scaled by the bf16 peak ratio (the same fixed latency at
-    the new rate), the SM count from ``device``'s own entry (its datasheet).
+    the new rate), the SM count (its datasheet) and ``flash_fraction`` (its generation's
+    attention kernel) from ``device``'s own entry.
 
     >>> h100, b200 = load_device("h100-sxm-80gb"), load_device("b200-sxm-180gb")
     >>> e = carried_efficiency(load_efficiency("h100-sxm-80gb"), h100, b200)
     >>> e.num_sms, round(e.gemm_half_flops / 8.372e8, 3)  # 148 SMs; x 2250/989
     (148, 2.275)
+    >>> e.flash_fraction  # cuDNN on Blackwell: 0.546 / 0.713 (efficiency.yaml)
+    0.766
     """
     ratio = device.peak("bf16") / ref_device.peak("bf16")
+    own = load_efficiency(device.name)
     return dataclasses.replace(ref, gemm_half_flops=ref.gemm_half_flops * ratio,
-                               num_sms=load_efficiency(device.name).num_sms,
+                               num_sms=own.num_sms, flash_fraction=own.flash_fraction,
                                source=f"carried from {ref_device.name}")
 
 

@@ -51,7 +51,9 @@ OPTION_KEYS = ("attention", "tp_comm_overlap", "grad_reduce_bytes", "blocking_p2
 #: `SimOptions` fields a family may set; without them the `SimOptions` default holds
 #: (``cp_attention``: 'ring', for the families that never ran context parallelism).
 #: (``zero3_pp_unsharded``: False, ZeRO-3 gathers every micro-batch under pipelining too).
-OPTIONAL_OPTION_KEYS = ("cp_attention", "zero3_pp_unsharded")
+#: (``attention_kernel``: None, the device's default attention rate; a family that names it
+#: runs that kernel's published rate, ``presets/attention_kernels.yaml``).
+OPTIONAL_OPTION_KEYS = ("cp_attention", "zero3_pp_unsharded", "attention_kernel")
 
 
 def _matches(match: dict[str, list[str]], row: dict) -> bool:

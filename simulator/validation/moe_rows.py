@@ -70,11 +70,33 @@ def moe_fields(row: dict) -> tuple[dict, list[str]]:
     return fields, flags
 
 
+def recompute_modules(row: dict) -> tuple[str, ...] | None:
+    """The Megatron-Core ``recompute_modules`` a selective row's ``recompute`` cell lists
+    (``selective ['mla_up_proj', 'mlp']``); None when it lists none (the default,
+    ['core_attn']).
+
+    >>> recompute_modules({"recompute": "selective ['mla_up_proj', 'mlp']"})
+    ('mla_up_proj', 'mlp')
+    >>> recompute_modules({"recompute": "selective (family perf script)"}) is None
+    True
+    """
+    cell = (row.get("recompute") or "").strip()
+    listed = re.match(r"selective\s*\[([^\]]*)\]", cell, flags=re.IGNORECASE)
+    if not listed:
+        return None
+    return tuple(re.findall(r"['\"]([a-z_]+)['\"]", listed.group(1))) or None
+
+
 def moe_options(row: dict, options: SimOptions) -> tuple[SimOptions, list[str]]:
-    """``options`` with the token dispatcher and all-to-all overlap a row's notes name."""
+    """``options`` with the token dispatcher, all-to-all overlap and recomputed modules
+    (`recompute_modules`) an MoE row's notes and recompute cell name."""
     low = (row.get("notes") or "").lower()
     flags = []
     changes: dict = {}
+    modules = recompute_modules(row) if _int(low, "num_experts") else None
+    if modules:
+        changes["recompute_modules"] = modules
+        flags.append(f"recompute_modules={list(modules)} (recompute cell)")
     if "deepep" in low or "hybridep" in low:
         changes["moe_dispatcher"] = "deepep"
         flags.append("moe_dispatcher=deepep (notes)")

@@ -76,10 +76,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from planner.precision import block_scaled_device
 from planner.spec import ModelSpec, Plan, PlanError, balanced_split, check_experts
 from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
-from simulator.step.compute import load_framework
+from simulator.step.compute import attention_kernel_rate, load_framework
 from simulator.step.simulate import estimate, simulate
 from simulator.step.stagecosts import SimOptions
 from simulator.validation.frameworks import (
@@ -389,6 +390,8 @@ def _published_case(row: dict) -> RunCase:
         raise PlanError(reason)
     fw, flags = pick_framework(row)
     d, recipe_notes = fw.settings(row)
+    if flags:  # no known framework: the attention kernel is not known either
+        d.pop("attention_kernel", None)
     flags.append(f"framework={fw.name} (presets/frameworks/{fw.name}.yaml)")
     flags += [f"{fw.name} {n}" for n in recipe_notes]
     h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
@@ -487,14 +490,37 @@ def _published_case(row: dict) -> RunCase:
     cluster, gpu_flags = gpu_cluster(row, d.get("cluster"))
     flags += gpu_flags
     nodes = gpu_nodes(cluster, int(row["num_gpus"]))
+    flags += attention_kernel_flags(options, validation_cluster(cluster, nodes).device.name)
     if not rec:
-        memory = validation_cluster(cluster, nodes).device.memory_bytes
-        plan, fit_flag = recompute_that_fits(model, plan, options, memory)
+        device = validation_cluster(cluster, nodes).device
+        plan, options, fit_flag = recompute_that_fits(
+            model, plan, options, device.memory_bytes,
+            block_scaled=block_scaled_device(device.peak_flops))
         flags += [fit_flag] if fit_flag else []
     return RunCase(id=row["id"], model=model, plan=plan, cluster_name=cluster,
                    nodes=nodes, options=options,
                    overlap_dp=overlap, reference_step_time_s=float(row["ref_step_time_s"]),
                    flags=tuple(flags), source=source_key(row["source"]))
+
+
+def attention_kernel_flags(options: SimOptions, device: str) -> list[str]:
+    """One flag naming the attention kernel a case runs on ``device`` and its rate (none for
+    unfused attention or a framework that names no kernel).
+
+    >>> attention_kernel_flags(SimOptions(attention_kernel="sdpa"), "h100-sxm-80gb")
+    ['attention: fa2 on hopper at 32.7% of peak (sdpa; presets/attention_kernels.yaml)']
+    >>> attention_kernel_flags(SimOptions(attention_kernel="sdpa"), "a100-sxm-80gb")
+    ['attention: sdpa has no published rate on a100-sxm-80gb: efficiency.yaml flash_fraction']
+    """
+    kernel = options.attention_kernel
+    if kernel is None or options.attention == "unfused":
+        return []
+    rate = attention_kernel_rate(kernel, device)
+    if rate is None:
+        return [f"attention: {kernel} has no published rate on {device}: efficiency.yaml "
+                f"flash_fraction"]
+    return [f"attention: {rate.kernel} on {rate.generation} at {rate.fraction:.1%} of peak "
+            f"({kernel}; presets/attention_kernels.yaml)"]
 
 
 def framework_options(fw: Framework, settings: dict, *, overlap_dp: bool) -> SimOptions:

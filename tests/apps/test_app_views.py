@@ -66,11 +66,23 @@ def test_uploaded_cluster_keeps_its_own_name_and_node_count():
 
 
 def test_step_breakdown_adds_up_to_the_step(traced):
-    *_, pred = traced
-    parts = views.step_breakdown(pred).set_index("part")["seconds"]
+    *_, plan, pred = traced
+    parts = views.step_breakdown(pred, plan).set_index("part")["seconds"]
     assert parts.sum() == pytest.approx(pred.step_time_s, rel=1e-9)
     assert parts["compute"] == pred.compute_s and parts["pipeline bubble"] == pred.bubble_s
     assert parts.drop(["compute", "pipeline bubble"]).sum() == pytest.approx(pred.comm_s)
+    assert "tensor-parallel all-reduce" in parts      # tp = 2 without sequence parallelism
+
+
+def test_step_breakdown_names_only_the_collectives_the_plan_has():
+    # tp = 1 under ZeRO-3: the in-layer events are the per-layer weight gathers and gradient
+    # reduce-scatters, not a tensor-parallel all-reduce
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    plan = Plan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=64, zero_stage=3)
+    pred = simulate(model, plan, cluster, trace=True)
+    parts = views.step_breakdown(pred, plan)["part"].tolist()
+    assert "ZeRO-3 weight gather / gradient reduce-scatter" in parts
+    assert not any("tensor-parallel" in p for p in parts)
 
 
 def test_memory_frame_has_every_part_of_every_stage(traced):

@@ -232,7 +232,7 @@ def test_launch_cli_prints_elastic_lines_and_refuses_a_range_that_cannot_restart
     code, _, err = _launch(capsys, *common, "--max-restarts", "3", "--checkpoint-every", "-1")
     assert code == 2 and "--checkpoint-every=-1" in err
     code, _, err = _launch(capsys, *common[:4], "3", *common[5:])
-    assert code == 2 and "--min-nodes=3 must be in 1..--nodes=2" in err
+    assert code == 2 and "--min-nodes=3 must be in [1, --nodes=2]" in err
 
 
 def test_an_elastic_sbatch_script_meets_at_etcd_and_survives_a_node(big_plan):

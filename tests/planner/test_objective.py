@@ -9,9 +9,12 @@ from planner.search import SearchResult
 from planner.spec import Plan
 
 
-def make_result(rows: list[tuple[Plan, float]]) -> SearchResult:
-    ranked = pd.DataFrame([{"id": p.id, "tokens_per_s": t, "peak_memory_bytes": 1.0}
-                           for p, t in rows])
+def make_result(rows: list[tuple[Plan, float]], *, step_s: float = 1.0,
+                compute_s: float = 0.8) -> SearchResult:
+    """A search result of ``(plan, tokens/s)`` rows, each with the same step and critical
+    compute time (s)."""
+    ranked = pd.DataFrame([{"id": p.id, "tokens_per_s": t, "peak_memory_bytes": 1.0,
+                            "step_time_s": step_s, "compute_s": compute_s} for p, t in rows])
     return SearchResult(ranked=ranked, rejected=pd.DataFrame(), plans={p.id: p for p, _ in rows},
                         predictions={})
 

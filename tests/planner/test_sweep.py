@@ -2,8 +2,10 @@
 file, locally in a process pool and on a local Ray instance alike."""
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,46 @@ def test_ray_tasks_give_the_local_rows():
                            ray_address="auto")
     finally:
         ray.shutdown()
+    assert remote == local
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_sweep_of_4_by_3_variants_on_a_ray_head_gives_the_local_rows():
+    # A real Ray cluster: `ray start --head` in its own processes, the CLI connecting to it
+    # by address as a user's sweep would; the local process pool is the reference.
+    pytest.importorskip("ray")
+    ray_cli = Path(sys.executable).with_name("ray")
+    port = _free_port()
+    env = {**__import__("os").environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    grid = ["--gpus", "8,16,32,64", "--nic-gbps", "100,200,400", "--json"]
+
+    def sweep(*args):
+        out = subprocess.run([sys.executable, "-m", "apps.cli", "sweep", "--model", "tiny-gpt",
+                              "--tokens", "1e9", "--global-batch", "16", *grid, *args],
+                             capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["points"]
+
+    local = sweep("--workers", "2")
+    assert len(local) == 12
+    # Ray's sockets live under its temp folder and AF_UNIX paths stop at 107 bytes: a short one
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    start = subprocess.run([str(ray_cli), "start", "--head", "--port", str(port),
+                            "--num-cpus", "1", "--include-dashboard=false", "--temp-dir", temp],
+                           capture_output=True, text=True, timeout=180, env=env)
+    assert start.returncode == 0, start.stderr
+    try:
+        remote = sweep("--ray-address", f"127.0.0.1:{port}")
+    finally:
+        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, timeout=120,
+                       env=env)
+        shutil.rmtree(temp, ignore_errors=True)
     assert remote == local
 
 

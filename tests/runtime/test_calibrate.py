@@ -24,6 +24,7 @@ from simulator.network.cpu_profile import (
     shape_key,
 )
 from simulator.step.costs import stage_costs
+from simulator.step.cpu_model import cpu_stage_costs
 from simulator.step.simulate import simulate
 
 TINY = load_model("tiny-gpt")
@@ -178,3 +179,9 @@ def test_tiny_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     pred = simulate(micro, Plan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=2, dtype="fp32"),
                     load_cluster("localhost-cpu", ranks=2, cpu_profile=path))
     assert pred.step_time_s > 0
+    # the cp = 2 layers are measured on the ring (the tiled kernel) and a cp plan uses them
+    assert set(profile.compute[shape_key(micro)]["cp"]) == {"cp2"}
+    cp_plan = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=1, global_batch=2, dtype="fp32")
+    cluster = load_cluster("localhost-cpu", ranks=2, cpu_profile=path)
+    assert cpu_stage_costs(micro, cp_plan, cluster) is not None
+    assert simulate(micro, cp_plan, cluster).step_time_s > 0

@@ -30,6 +30,44 @@ def test_shipped_blackwell_entries_are_the_carry_rule():
         assert got.num_sms == want.num_sms == 148
         assert got.gemm_half_flops == pytest.approx(want.gemm_half_flops, rel=2e-3)
         assert got.gemm_max_fraction == want.gemm_max_fraction
+        assert got.flash_fraction == want.flash_fraction
+
+
+def test_blackwell_ultra_entries_are_the_carry_rule():
+    # No B300 / GB300 row exists: their entries are the carry rule applied to their datasheets,
+    # 160 SMs (640 tensor cores / 4 per SM, NVIDIA "Inside Blackwell Ultra") and the saturation
+    # point scaled by the bf16 peak: 8.372e8 x 2250/989 = 1.905e9 (B300), x 2500/989 = 2.116e9.
+    h100 = load_device("h100-sxm-80gb")
+    for name, half in (("b300-sxm-288gb", 1.905e9), ("gb300", 2.116e9)):
+        want = load_efficiency(name)
+        got = carried_efficiency(load_efficiency("h100-sxm-80gb"), h100, load_device(name))
+        assert want.num_sms == got.num_sms == 160
+        assert want.gemm_half_flops == pytest.approx(half, rel=1e-3)
+        assert got.gemm_half_flops == pytest.approx(want.gemm_half_flops, rel=2e-3)
+        assert got.flash_fraction == want.flash_fraction == load_efficiency("b200-sxm-180gb").flash_fraction
+
+
+def test_blackwell_attention_is_cudnns_published_rate():
+    # FlashAttention-4 (Zadouri et al. 2026, abstract): 1,613 TFLOP/s = 71% of the B200 BF16
+    # peak, up to 1.3x cuDNN 9.13, so cuDNN runs at 0.71 / 1.3 = 0.5462 of the peak; over the
+    # H100 entry's GEMM ceiling 0.713 that is 0.5462 / 0.713 = 0.766 of a large GEMM's rate.
+    # Hopper keeps FlashAttention-2's 35% (Shah et al. 2024): 0.35 / 0.713 = 0.49.
+    h100 = load_efficiency("h100-sxm-80gb")
+    for name in ("b200-sxm-180gb", "gb200"):
+        eff = load_efficiency(name)
+        assert eff.flash_fraction == pytest.approx(0.71 / 1.3 / h100.gemm_max_fraction, abs=1e-3)
+    assert h100.flash_fraction == pytest.approx(0.35 / 0.713, abs=1e-3)
+
+
+def test_attention_kernel_rate_is_not_refitted():
+    # flash_fraction is the generation's kernel (efficiency.yaml), not a carried term: a refit
+    # over every carried term leaves it where the device's own entry puts it.
+    cases = _cases(0.55)
+    fitted = fit_carried(cases, load_efficiency("h100-sxm-80gb"), load_device("h100-sxm-80gb"),
+                         iters=5)
+    assert fitted.flash_fraction == load_efficiency("h100-sxm-80gb").flash_fraction
+    b200 = carried_efficiency(fitted, load_device("h100-sxm-80gb"), load_device("b200-sxm-180gb"))
+    assert b200.flash_fraction == load_efficiency("b200-sxm-180gb").flash_fraction
 
 
 def _cases(true_fraction: float) -> list[RunCase]:

@@ -173,3 +173,43 @@ def test_an_interleaved_schedule_pays_its_own_measured_action_cost():
         2 * 0.02 * scale1 + (0.01 * scale1 - 1e-4) + 5e-4)
     assert cpu_stage_costs(TINY, v2, cluster)[1].bwd_compute_s == pytest.approx(
         0.02 * scale2 + 7e-4)
+
+
+def test_cp_plan_uses_the_measured_ring_layers_not_the_sdpa_ones():
+    # cp = 2 on 2 ranks, 2 micro-batches of 4 sequences: the layer terms come from the "cp"
+    # entry (the ring on the tiled kernel, synthetic scale 3.0), keyed by the micro-batch's
+    # whole b·s = 512 tokens: 0.01·3 + (0.08 − 0.01)·3·(512 − 128)/(1024 − 128) = 0.12 s
+    data = profile(selective=False)
+    data["cpu_costs"]["compute"][shape_key(TINY)]["cp"] = {"cp2": {2: _terms(3.0)}}
+    path = write_profile(data)
+    plan = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=4, global_batch=8, dtype="fp32")
+    (c,) = cpu_stage_costs(TINY, plan, load_cluster("localhost-cpu", ranks=2, cpu_profile=path))
+    layer_f = 0.03 + 0.21 * 384 / 896                      # 0.12 s
+    # the embedding is the rank's 256 tokens (local, 2 processes: x1.1): 1e-4·1.1·256/128;
+    # the head is the measured edge (0.12 s) less that
+    emb = 1.1e-4 * 2
+    assert c.fwd_compute_s == pytest.approx(4 * layer_f + emb + (layer_f - emb))
+    assert c.bwd_compute_s == pytest.approx(4 * 2 * layer_f + emb + (layer_f - emb))
+    # DDP over the dp·cp = 2 ranks: the 1 MiB bucket and the rest of the fp32 gradients
+    # (alpha-beta 1 ms + bytes / 1 GB/s each), plus the 32-byte loss all-gather
+    grad = chunk_params(TINY, plan, 0) * 4
+    assert c.dp_comm_s == pytest.approx(2e-3 + grad / 1e9 + 1e-3 + 32 / 1e9)
+    # the same plan without a "cp" entry is not covered (the generic model takes it)
+    assert cpu_stage_costs(TINY, plan, load_cluster(
+        "localhost-cpu", ranks=2, cpu_profile=write_profile(profile(selective=False)))) is None
+
+
+def test_cp_selective_adds_what_the_policy_replays_on_the_ranks_tokens():
+    # the cp entry has no selective terms: the plain ring layer (0.12 s fwd, 0.24 s bwd at
+    # b·s = 512 tokens, scale 3.0) plus what selective adds locally at the rank's 256 tokens
+    # (2 processes, x1.1): local fwd there 1.1·(0.01 + 0.07·128/896) = 0.022 s; selective
+    # forward 1.2x (+0.0044 s), backward 2.5x the forward instead of 2x (+0.011 s)
+    from simulator.network.cpu_profile import read_profile
+    from simulator.step.cpu_model import compute_terms
+    data = profile(selective=True)
+    data["cpu_costs"]["compute"][shape_key(TINY)]["cp"] = {"cp2": {2: _terms(3.0)}}
+    plan = Plan(tp=1, cp=2, pp=1, dp=1, micro_batch=4, global_batch=8, dtype="fp32",
+                recompute="selective")
+    terms = compute_terms(read_profile(write_profile(data)), TINY, plan)
+    assert terms["layer_fwd_selective"] == pytest.approx(0.12 + 0.0044)
+    assert terms["layer_bwd_selective"] == pytest.approx(0.24 + 0.011)

@@ -36,3 +36,23 @@ def test_zero_paper_accounting_is_kept_by_default():
     # Rajbhandari et al. 2020 §3.1: 2 + 2 + K with K = 12, i.e. 16 bytes per parameter.
     plan = Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, zero_stage=0, dtype="bf16")
     assert _state_bytes_per_param(plan) == pytest.approx(16.0)
+
+
+@pytest.mark.parametrize("zero, dp, expected", [
+    (0, 8, 16.0),            # 2 weights + 2 bf16 gradient buffer + 12 Adam (fp32 master + m, v)
+    (1, 8, 4 + 12 / 8),      # distributed optimizer: 2 + 2 + 12/8 = 5.5
+])
+def test_megatron_bf16_gradient_buffer(zero, dp, expected):
+    # Megatron-Core DDP with grad_reduce_in_fp32=False keeps the gradient buffer in bf16
+    # (DistributedDataParallelConfig): the 18 B (6 + 12/dp) of the table less 2 B.
+    plan = Plan(tp=1, pp=1, dp=dp, micro_batch=1, global_batch=dp, zero_stage=zero,
+                dtype="bf16")
+    assert _state_bytes_per_param(plan, fp32_main_grads=True, main_grad_bytes=2) \
+        == pytest.approx(expected)
+
+
+def test_bf16_gradient_buffer_is_a_megatron_setting_only():
+    # Without fp32 main gradients (FSDP2) the gradients are already in the param dtype:
+    # the reduction bytes do not change the ZeRO paper's 16.
+    plan = Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, zero_stage=0, dtype="bf16")
+    assert _state_bytes_per_param(plan, main_grad_bytes=4) == pytest.approx(16.0)

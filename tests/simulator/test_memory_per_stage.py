@@ -87,3 +87,20 @@ def test_interleaved_first_rank_holds_pp_times_one_plus_one_over_v():
     p = plan(pp=4, global_batch=16, schedule="interleaved-1f1b", virtual_stages=2)
     assert microbatches_in_flight(p, 0) == 5.5
     assert microbatches_in_flight(p, 3) == (0 + 4 + 1) / 2
+
+
+def test_nvfp4_keeps_bf16_weights_beside_its_casts():
+    # Megatron-Bridge's FP8 / MXFP8 recipes hold the linear weights as their casts
+    # (--fp8-param-gather); its NVFP4 recipe (bf16_with_nvfp4_mixed, fp8_param_gather=False)
+    # keeps them in bf16 and caches the casts beside them. On Blackwell (block-scaled) a cast
+    # is two copies (row- and column-wise scales): MXFP8 2 x (1 + 1/32) = 2.0625 B a weight,
+    # NVFP4 2 x (0.5 + 1/16) = 1.125 B. Against bf16 (2 B): MXFP8 holds 2.0625 instead of 2,
+    # +0.0625 B; NVFP4 holds 2 + 1.125, +1.125 B, per linear parameter.
+    m = load_model("llama3-8b")
+    linear = 32 * m.layer_matmul_params()  # QKV, output, MLP up / down of the 32 blocks
+
+    def weights(dtype):
+        return memory_per_stage(m, plan(dtype=dtype), block_scaled=True)[0].weights_bytes
+
+    assert weights("mxfp8") - weights("bf16") == pytest.approx(linear * 0.0625, rel=1e-9)
+    assert weights("nvfp4") - weights("bf16") == pytest.approx(linear * 1.125, rel=1e-9)

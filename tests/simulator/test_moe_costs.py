@@ -128,3 +128,153 @@ def test_fp8_weight_cache_counts_only_local_experts():
     # the linear weights are held as their casts (planner.precision), not in bf16 as well
     per_param = weight_cache_bytes_per_param("fp8", False)
     assert w1 - w8 == pytest.approx(32 * 7 * EXPERT * per_param)
+
+
+def test_deepep_inside_one_nvlink_domain_is_its_copy_kernel():
+    # DeepEP inside one DGX H100 (ep=8): the 7/8 of t*k*h*2 bytes that leave the rank at
+    # 153/160 of 450 GB/s NVLink (DeepEP README, intranode row), plus one 42 us launch.
+    # Mixtral b=1: 4096*2*4096*2 = 67,108,864 B; 7/8 -> 58,720,256 B / 430.3125e9 B/s
+    # = 136.46 us; + 42 us = 178.46 us.
+    c = load_cluster("dgx-h100", nodes=1)
+    t = dispatch_time_s(MIXTRAL, _plan(ep=8), c, 0, dispatcher="deepep")
+    assert t == pytest.approx(58_720_256 / (450e9 * 153 / 160) + 42e-6, rel=1e-9)
+    assert t == pytest.approx(178.46e-6, abs=0.01e-6)
+    # Across nodes it stays the node-deduplicated all-to-all over the NICs.
+    c2 = load_cluster("dgx-h100", nodes=2)
+    m = load_model("deepseek-v3")
+    plan = _plan(dp=16, global_batch=16, ep=16)
+    size = 4096 * 8 * 7168 * 2 * node_dedup_factor(m, 2)
+    assert dispatch_time_s(m, plan, c2, 0, dispatcher="deepep") == \
+        collective_time_s(c2, "all_to_all", size, range(16))
+
+
+def test_fp8_recipe_runs_the_expert_and_mla_gemms_at_its_rate():
+    # Under FP8 the routed experts' grouped GEMMs, the shared experts and the MLA
+    # projections run at the recipe's peak and efficiency (DeepSeek-V3 report §3.3.1), the
+    # router GEMM at bf16; each gets a quantize op whose bytes count every expert.
+    from planner.precision import block_scaled_device, cast_bytes, cast_copies, recipe
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import Op, cast_ops, lowp_efficiency, op_time_s
+    dev, eff = load_device("h100-sxm-80gb"), load_efficiency("h100-sxm-80gb")
+    up = Op("expert-up", m=1024, n=4096, k=7168, count=4)
+    fp8 = gemm_time_s(1024, 4096, 7168, dev.peak("fp8"), lowp_efficiency(eff, dev, "fp8"), 4)
+    assert op_time_s(up, dev, eff, "fp8") == fp8
+    router = Op("router", m=4096, n=256, k=7168)
+    assert op_time_s(router, dev, eff, "fp8") == gemm_time_s(4096, 256, 7168, dev.peak("bf16"),
+                                                            eff)
+    # Input cast of the 4 experts' 1024 x 7168 inputs: cast_bytes of 4*1024*7168 elements.
+    r = recipe("fp8")
+    copies = cast_copies(r, block_scaled_device(dev.peak_flops))
+    (cast,) = cast_ops([up, router], "fp8", block_scaled_device(dev.peak_flops))
+    assert cast.bytes == cast_bytes(r, 4 * 1024 * 7168, copies)
+    assert cast.bwd_bytes == cast_bytes(r, 4 * 1024 * 4096, copies)
+
+
+def test_selective_recompute_repeats_the_named_modules():
+    # recompute_modules=['mla_up_proj'] repeats the MLA q / kv up projections (and their
+    # casts) instead of the attention core: their forward times summed, by hand from the ops.
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import op_time_s
+    from simulator.step.moe import block_compute, mla_ops
+    m, dev = load_model("deepseek-v3"), load_device("h100-sxm-80gb")
+    eff = load_efficiency("h100-sxm-80gb")
+    plan = _plan(ep=8, recompute="selective")
+    up = sum(op_time_s(op, dev, eff, "bf16") for op in mla_ops(m, 4096, 1, "bf16")
+             if op.name in ("mla-q-up", "mla-kv-up"))
+    lc = block_compute(m, plan, "flash", dev, eff, True, recompute_modules=("mla_up_proj",))
+    assert lc.attn_core_fwd_s == pytest.approx(up, rel=1e-12)
+    core = block_compute(m, plan, "flash", dev, eff, True)
+    attn = next(op for op in mla_ops(m, 4096, 1, "bf16") if op.name == "attn-core")
+    assert core.attn_core_fwd_s == pytest.approx(op_time_s(attn, dev, eff, "bf16"))
+    # Unknown module names fail with the choices.
+    from planner.spec import PlanError
+    from simulator.step.stagecosts import SimOptions
+    with pytest.raises(PlanError, match="recompute_modules"):
+        SimOptions(recompute_modules=("attention",))
+
+
+def test_small_expert_weight_gradients_pay_for_their_accumulation():
+    # The backward of a block with 32 local experts of m = 1024 copies (DeepSeek-V3 at ep=8,
+    # b=1) adds, per expert GEMM, the 8 B per weight element of the gradient accumulation
+    # beyond its wgrad compute; with 4 experts of m = 8192 (ep=64) the GEMMs stay
+    # compute-bound and nothing is added. By hand (H100: 3.35 TB/s x 0.6222):
+    # up 32 x 4096 x 7168 x 8 B = 7.516 GB -> 3.606 ms, down 32 x 7168 x 2048 x 8 B
+    # = 3.758 GB -> 1.803 ms, each less its own wgrad (= forward) GEMM time.
+    from simulator.network.hardware import load_device
+    from simulator.step.compute import op_time_s, ops_compute
+    from simulator.step.moe import block_compute, wgrad_accumulation_excess_s
+    m, dev = load_model("deepseek-v3"), load_device("h100-sxm-80gb")
+    eff = load_efficiency("h100-sxm-80gb")
+    plan = _plan(ep=8)
+    ops = {op.name: op for op in expert_ops(m, plan, 1.0)}
+    up, down = ops["expert-up"], ops["expert-down"]
+    assert (up.m, up.count, down.m) == (1024, 32, 1024)
+    bw = 3.35e12 * eff.memory_fraction
+    want = sum(max(0.0, 8 * op.count * op.n * op.k / bw - op_time_s(op, dev, eff, "bf16"))
+               for op in (up, down))
+    assert 8 * 32 * 4096 * 7168 / bw == pytest.approx(3.606e-3, rel=1e-3)
+    # The GEMMs at 989 TF x 0.713: up 1.924 TFLOP -> 2.726 ms, down 0.962 TFLOP -> 1.364 ms,
+    # so 0.880 + 0.439 = 1.319 ms of excess before wave quantisation (which slows the GEMMs
+    # and leaves a little less).
+    assert want == pytest.approx(1.319e-3, rel=0.06)
+    lc = block_compute(m, plan, "flash", dev, eff, True)
+    assert wgrad_accumulation_excess_s(up, op_time_s(up, dev, eff, "bf16"), dev, eff) \
+        + wgrad_accumulation_excess_s(down, op_time_s(down, dev, eff, "bf16"), dev, eff) \
+        == pytest.approx(want)
+    wide = _plan(dp=64, global_batch=64, ep=64)
+    big = {op.name: op for op in expert_ops(m, wide, 1.0)}["expert-up"]
+    assert big.m == 8192
+    assert wgrad_accumulation_excess_s(big, op_time_s(big, dev, eff, "bf16"), dev, eff) == 0.0
+    # The block's backward is the ops' backward plus exactly that excess.
+    from simulator.step.moe import block_ops
+    base = ops_compute(tuple(block_ops(m, plan, "flash", dev, True)), dev, eff, "bf16")
+    assert lc.bwd_s == pytest.approx(base.bwd_s + want, rel=1e-12)
+
+
+def test_fp8_keeps_the_expert_inputs_as_their_casts():
+    # Mixtral 8x7B, b=1, ep=8 (4096 tokens, 8192 copies, no shared experts): bf16 stores
+    # 4096*(2*4096 + 4*8) + 8192*(4*4096 + 6*14336) - 4096*(3*4096 + 6*14336) = 469,893,120 B
+    # beyond the dense block; FP8 keeps each copy's permuted input (4096) and activation
+    # output (14336) at 1 B instead of 2 and gives back the dense MLP-down input the dense
+    # saving took off (4096*14336): 469,893,120 - (8192*18432 - 4096*14336) = 377,618,432.
+    from simulator.step.moe import activation_delta_bytes
+    p = _plan(ep=8)
+    assert activation_delta_bytes(MIXTRAL, p) == 469_893_120
+    assert activation_delta_bytes(MIXTRAL, p.replace(dtype="fp8")) == 377_618_432
+    assert activation_delta_bytes(MIXTRAL, p.replace(dtype="fp8", recompute="full")) == 0
+
+
+def test_output_discarding_recompute_keeps_fewer_activations():
+    # Selective recomputation of ['moe_act', 'layernorm'] on Mixtral 8x7B, b=1, ep=8, FP8:
+    # per block the two norm outputs (4096 tokens x 2 x 4096 x 1 B = 33,554,432) and per
+    # MoE block each copy's activation output (8192 x 14336 x 1 B = 117,440,512) are not
+    # kept; 32 MoE blocks on one stage with one micro-batch in flight (pp=1):
+    # 32 x 150,994,944 = 4,831,838,208 B less than without the modules.
+    from simulator.step.moe import selective_saving_bytes
+    p = _plan(ep=8, dtype="fp8", recompute="selective")
+    mods = ("moe_act", "layernorm")
+    assert selective_saving_bytes(MIXTRAL, p, mods, True) == 33_554_432 + 117_440_512
+    assert selective_saving_bytes(MIXTRAL, p, mods, False) == 33_554_432
+    assert selective_saving_bytes(MIXTRAL, p.replace(recompute="none"), mods, True) == 0
+    plain = memory_per_stage(MIXTRAL, p, attention="flash")[0].activations_bytes
+    light = memory_per_stage(MIXTRAL, p, attention="flash",
+                             recompute_modules=mods)[0].activations_bytes
+    assert plain - light == 32 * 150_994_944
+
+
+def test_reader_reaches_for_the_light_moe_recompute_before_full():
+    # An MoE plan that does not fit without recomputation but fits once the norms and the
+    # experts' activation are recomputed gets selective ['moe_act', 'layernorm'], not full.
+    from simulator.step.stagecosts import SimOptions
+    from simulator.validation.memory_default import MOE_LIGHT_RECOMPUTE, recompute_that_fits
+    p = _plan(ep=8, dtype="fp8")
+    o = SimOptions(attention="flash")
+    need = memory_per_stage(MIXTRAL, p, attention="flash")[0].total_bytes
+    light = memory_per_stage(MIXTRAL, p.replace(recompute="selective"), attention="flash",
+                             recompute_modules=MOE_LIGHT_RECOMPUTE)[0].total_bytes
+    assert light < need
+    plan, opts, flag = recompute_that_fits(MIXTRAL, p, o, (light + need) / 2)
+    assert (plan.recompute, opts.recompute_modules) == ("selective", MOE_LIGHT_RECOMPUTE)
+    assert "moe_act" in flag
+    plan, opts, flag = recompute_that_fits(MIXTRAL, p, o, need)
+    assert (plan, opts, flag) == (p, o, None)
