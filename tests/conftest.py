@@ -1,6 +1,21 @@
-"""Shared fixtures of the whole test suite."""
+"""Shared fixtures of the whole test suite, and the opt-in flag for its slow cases."""
+
+import os
 
 import pytest
+
+#: Set to 1 to run the tests marked ``slow`` (extra multi-rank combinations, long searches)
+#: as well.
+SLOW_ENV = "MESHPLAN_SLOW_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get(SLOW_ENV) == "1" or "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason=f"slow case; set {SLOW_ENV}=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

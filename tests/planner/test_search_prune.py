@@ -132,8 +132,10 @@ def test_moe_bound_never_exceeds_the_estimate(a100x32):
     assert seen > 100
 
 
-@pytest.mark.parametrize("model_name,top_k", [("llama3-8b", 0), ("llama3-8b", 3),
-                                              ("tiny-moe", 0), ("tiny-moe", 3)])
+# the fast core: each model once; the other two (30-40 s each on 2 shared cores) are opt-in
+@pytest.mark.parametrize("model_name,top_k", [
+    ("llama3-8b", 0), pytest.param("llama3-8b", 3, marks=pytest.mark.slow),
+    pytest.param("tiny-moe", 0, marks=pytest.mark.slow), ("tiny-moe", 3)])
 def test_pruned_search_keeps_the_top_with_every_schedule(a100x32, model_name, top_k):
     # reference: the same search costing every plan; zero-bubble and MoE plans are pruned by
     # their own bounds, and with top_k the SimPy tier refines the same plans

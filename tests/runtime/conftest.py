@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,6 @@ from planner.spec import ModelSpec, Plan
 SEQ_LEN = 64
 #: Rough fp32 peak of one core of this CPU (AVX2, 2 FMA units: 32 FLOP/cycle at ~3.3 GHz).
 CPU_PEAK_FLOPS = 1.05e11
-
-
-#: Set to 1 to run the tests marked ``slow`` (extra multi-rank combinations) as well.
-SLOW_ENV = "MESHPLAN_SLOW_TESTS"
-
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get(SLOW_ENV) == "1" or "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason=f"slow multi-rank run; set {SLOW_ENV}=1 to run it")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
 
 
 def make_tiny_model(**changes) -> ModelSpec:
