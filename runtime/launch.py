@@ -489,7 +489,7 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_
     error_lines: list[str] = []
     fired: list[str] = []
     logs: list[Path] = []
-    state = {"attempt": 0, "fired_from": 0, "log": None}
+    state = {"attempt": 0, "fired_from": 0, "log": None, "echo": not quiet}
 
     def open_log():
         if log_dir is None:
@@ -503,7 +503,7 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_
         return f
 
     def echo(line: str) -> None:
-        if not quiet:
+        if state["echo"]:
             sys.stdout.write(line)
             sys.stdout.flush()
 
@@ -540,13 +540,15 @@ def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_
         timer = threading.Timer(timeout_s, lambda: _kill_group(proc, tail))
         timer.start()
     state["log"] = open_log()
+    pipes = {proc.stdout: "stdout", proc.stderr: "stderr"}
     try:
-        _read_lines({proc.stdout: "stdout", proc.stderr: "stderr"}, handle)
+        _read_lines(pipes, handle)
         return proc.wait(), tail, error_lines, fired, logs
     except BaseException:
-        # this process cannot go on reading (its own stdout closed, ...): stop the group
-        # rather than leave it training with no reader
-        _stop_group(proc)
+        # this process cannot echo any more (its own stdout closed, ...): stop the group
+        # rather than leave it training unwatched, its last words into the log
+        state["echo"] = False
+        _stop_group(proc, lambda: _read_lines(pipes, handle))
         raise
     finally:
         if timer is not None:
@@ -578,20 +580,21 @@ def _read_lines(pipes: dict, handle) -> None:
                     handle(line.decode(errors="replace") + "\n", pipes[f])
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+def _stop_group(proc: subprocess.Popen, drain, grace_s: float = 30.0) -> None:
     """SIGTERM to torchrun's process group (the workers checkpoint the step they are in and
-    exit, `runtime.interrupts`), SIGKILL after ``grace_s``."""
-    proc.stdout.close()
-    proc.stderr.close()
-    for sig, wait_s in ((15, grace_s), (9, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait_s)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    exit, `runtime.interrupts`) while ``drain()`` reads its output to the end; SIGKILL if it
+    has not ended after ``grace_s``."""
+    try:
+        os.killpg(proc.pid, 15)
+    except ProcessLookupError:
+        return
+    killer = threading.Timer(grace_s, lambda: _kill_group(proc, collections.deque()))
+    killer.start()
+    try:
+        drain()
+        proc.wait()
+    finally:
+        killer.cancel()
 
 
 def _kill_group(proc: subprocess.Popen, tail: collections.deque) -> None:
