@@ -47,30 +47,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _error(text: str) -> None:
+def _error(label: str, message: str) -> None:
+    """``label`` in red, then ``message`` as plain text: exception text carries paths and
+    tool output (``[/__w/...]``) that rich would read as markup."""
     from rich.console import Console
-    Console(stderr=True, soft_wrap=True).print(text, highlight=False)
+    from rich.text import Text
+    Console(stderr=True, soft_wrap=True).print(Text.assemble((label, "red"), " ", message),
+                                               highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `meshplan` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from rich.console import Console
+    Console.on_broken_pipe = _on_broken_pipe     # a command's exit status is decided here
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()      # here, so that a reader gone at the end is caught below
+        return status
     except PlanError as exc:
-        _error(f"[red]error:[/] {exc}")
+        _error("error:", str(exc))
         return 2
     except BrokenPipeError:
-        # The reader went away (``meshplan ... | head``): nothing left to say to it.
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit flush quiet
-        return 1
+        return _reader_gone()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
         # A path the user gave cannot be read or written: bad input.
-        _error(f"[red]error:[/] {exc.strerror}: {exc.filename!r}")
+        _error("error:", f"{exc.strerror}: {exc.filename!r}")
         return 2
     except (RuntimeError, OSError) as exc:
-        _error(f"[red]failed:[/] {exc}")
+        _error("failed:", str(exc))
         return 1
+
+
+def _on_broken_pipe(console) -> None:
+    # rich's hook for a closed output raises SystemExit(1) (rich.console.Console
+    # .on_broken_pipe, meant to be replaced); raised on as BrokenPipeError, `main` exits 0
+    console.quiet = True
+    raise BrokenPipeError
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``meshplan ... | head``): what it read is what it
+    asked for, so exit 0, quietly. stdout is pointed at os.devnull so that Python's flush at
+    exit does not raise BrokenPipeError again (the recipe of Python's `signal` docs, "Note on
+    SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
 
 
 if __name__ == "__main__":

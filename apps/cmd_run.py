@@ -24,13 +24,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         save_run_config,
         with_step_progress,
     )
-    from runtime.launch import RunInterrupted, run_plan
+    from runtime.launch import RunFailed, RunInterrupted, run_plan
     console = command_console(args)
     check_run_args(args)
     config = resolved_run_config(args.plan, steps=args.steps, out_dir=args.out, data=args.data,
                                  faults=run_fault_kwargs(args), ep=args.ep)
     echo_run_config(console, config)
-    console.print(f"  saved   {save_run_config(config)}", highlight=False)
+    console.print(f"  saved   {save_run_config(config)}", highlight=False, markup=False)
     try:
         summary = with_step_progress(console, config, lambda: run_plan(
             args.plan, steps=args.steps, out_dir=config["out_dir"], data=args.data, ep=args.ep,
@@ -38,17 +38,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunInterrupted as exc:         # SIGTERM / Ctrl-C: one line, the shell's status
         print(exc, file=sys.stderr, flush=True)
         return 128 + exc.signum
+    except RunFailed as exc:              # one line; the tracebacks are in the run's logs/
+        if args.json:
+            print(json.dumps(exc.summary))
+        print(exc.line, file=sys.stderr, flush=True)
+        return 1
     if args.json:
         print(json.dumps(summary))
     else:
         console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
                       f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"
                       f"{' (after step 1)' if summary['steps'] > 1 else ''}, "
-                      f"{fmt_rate(summary['tokens_per_s'])} tokens/s")
+                      f"{fmt_rate(summary['tokens_per_s'])} tokens/s", markup=False)
         if (line := restart_line(summary)) is not None and summary["restarts"]:
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, markup=False)
         if (line := predicted_line(summary)) is not None:
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, markup=False)
     return 0
 
 

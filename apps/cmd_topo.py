@@ -149,7 +149,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         if pf.cluster.name != cluster.name:
             Console(stderr=True, soft_wrap=True).print(
                 f"note: {plan.id} was made for cluster {pf.cluster.name!r}; its placement is "
-                f"shown on {cluster.name!r}", highlight=False)
+                f"shown on {cluster.name!r}", highlight=False, markup=False)
         # The cp ranks of a group sit innermost in the dp axis (Megatron's tp-cp-dp-pp).
         order = [a for axis in plan.placement
                  for a in (("cp", "dp") if axis == "dp" and plan.cp > 1 else (axis,))]

@@ -145,17 +145,19 @@ def check_run_args(args) -> None:
 
 def echo_run_config(console: Console, config: dict) -> None:
     """Print the resolved configuration in a few lines."""
+    from rich.markup import escape
     model, plan = config["model"], config["plan"]
-    console.print(f"[bold]run {config['plan_id']}[/] ({config['world_size']} ranks, "
-                  f"{config['steps']} steps) -> {config['out_dir']}", highlight=False)
+    # names and paths come from the user's files: never read as rich markup
+    console.print(f"[bold]run {escape(config['plan_id'])}[/] ({config['world_size']} ranks, "
+                  f"{config['steps']} steps) -> {escape(config['out_dir'])}", highlight=False)
     console.print(f"  model   {model['name']}: {model['num_layers']} layers, hidden "
-                  f"{model['hidden']}, seq {model['seq_len']}", highlight=False)
+                  f"{model['hidden']}, seq {model['seq_len']}", highlight=False, markup=False)
     console.print(f"  plan    tp {plan['tp']} pp {plan['pp']} dp {plan['dp']}, micro-batch "
                   f"{plan['micro_batch']}, global batch {plan['global_batch']}, "
                   f"{plan['schedule']}, recompute {plan['recompute']}, dtype {plan['dtype']}",
-                  highlight=False)
-    console.print(f"  data    {config['data']}", highlight=False)
-    console.print(f"  command {config['command']}", highlight=False)
+                  highlight=False, markup=False)
+    console.print(f"  data    {config['data']}", highlight=False, markup=False)
+    console.print(f"  command {config['command']}", highlight=False, markup=False)
 
 
 def save_run_config(config: dict) -> Path:
@@ -168,15 +170,22 @@ def save_run_config(config: dict) -> Path:
 
 
 def _steps_done(metrics_path: Path, since: float = 0.0, total: int | None = None) -> int:
-    # Steps in metrics.jsonl, once the run has written it (a file older than ``since`` is a
-    # previous run's), at most ``total``.
+    """The job's last step in ``metrics.jsonl`` (its records' ``step``: a run resumed from
+    step k counts on from k, though its own file may hold only the steps after k), once the
+    run has written it (a file older than ``since`` is a previous run's), at most ``total``."""
     try:
         if metrics_path.stat().st_mtime < since:
             return 0
         with open(metrics_path, encoding="utf-8") as f:
-            done = sum(1 for line in f if line.strip())
+            lines = [line for line in f if line.strip()]
     except OSError:
         return 0
+    done = 0
+    for line in lines:
+        try:
+            done = max(done, int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):    # a line being written: the next poll
+            continue
     return done if total is None else min(done, total)
 
 
@@ -191,7 +200,8 @@ def with_step_progress(console: Console, config: dict, run: Callable[[], dict],
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task(f"training {config['plan_id']}", total=config["steps"])
+        from rich.markup import escape
+        task = progress.add_task(f"training {escape(config['plan_id'])}", total=config["steps"])
         stop, since = threading.Event(), time.time()
 
         def poll() -> None:

@@ -1,16 +1,22 @@
 """Launch a plan file with torchrun and collect its summary.
 
 `local_torchrun_command` builds the command line (one process per device of the plan, loopback
-rendezvous on a free port); `run_plan` runs it with one thread per rank, streams its output, and
-returns the parsed ``summary.json``. A failed run's error ends with one line (`failure_hint`):
-the rank that failed, the last step done and the ``--resume`` command when it left a checkpoint.
+rendezvous on a free port); `run_plan` runs it with one thread per rank, streams the workers'
+own output (their stdout and their one-line errors), writes everything torchrun and the workers
+print into ``OUT/logs/attempt{N}.log`` (one file per torchrun attempt), and returns the parsed
+``summary.json``. A restart is one line (`restart_line`); a failed run's error ends with one
+line (`failure_hint`): the rank that failed, the last step done and the ``--resume`` command
+when it left a checkpoint.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import math
 import os
+import re
+import selectors
 import shlex
 import socket
 import subprocess
@@ -28,6 +34,11 @@ from runtime.interrupts import finished_summary, forward_signals, hung_ranks, si
 TAIL_LINES = 40
 #: How `runtime.train` starts its one-line input errors; `run_plan` lifts them to the top.
 ERROR_PREFIX = "meshplan run: error"
+#: Folder of the run folder that holds torchrun's and the workers' output, one file per attempt.
+LOG_DIR = "logs"
+#: torchrun's agent logs this when a worker group fails (torch.distributed.elastic
+#: `multiprocessing.api`: "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s").
+_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -95,7 +106,8 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         out_dir: run folder; defaults to ``runs/<plan_id>``.
         nproc: processes to start (default: the plan's world size).
         timeout_s: kill the run after this many seconds (None: no limit).
-        quiet: do not echo the run's output.
+        quiet: do not echo the workers' output and the restart lines (`_stream`; all of it
+            is in ``out_dir/logs/attempt{N}.log`` either way).
         save_params: write the full parameters after the last step to this file.
         profile: write torch profiler Chrome traces (``trace_rank{r}.json``) into out_dir.
         attention: "sdpa" or "tiled" (default: $MESHPLAN_ATTENTION, else "sdpa").
@@ -113,9 +125,9 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
             ranks that stay in their own processes, decided while they wait; relaunched when
             a spare joins) and the summary returned is the whole job's, with ``evictions``.
     Raises:
-        RuntimeError: the run exited non-zero or timed out, or stopped on a NaN loss; the
-            message starts with the ranks' one-line errors (if any) and ends with the last
-            lines of the output.
+        RunFailed: the run exited non-zero or timed out, or stopped on a NaN loss; the
+            message starts with the ranks' one-line errors (if any), under ``quiet`` holds
+            the last lines of the output, and ends with `failure_hint`'s line.
         PlanError: an eviction left no rank to resume on.
     """
     if out_dir is None:
@@ -156,9 +168,22 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
             except Exception as exc:           # the ranks were told to leave; raised below
                 undecided.append(exc)
     started, group = time.time(), []
+    world = nproc or read_plan_file(plan_file_path).plan.world_size
+
+    received: list[list[int]] = []
+
+    def on_restart(number: int, rank: int, code: str, fired_now: list[str], log: Path) -> str:
+        if received and received[0]:      # stopped by a signal: torchrun does not restart
+            return ""
+        # the attempt's last step and the evidence of a hang are in the run folder already
+        return restart_line(plan_file_path, out_dir, steps, number, max_restarts, (rank, code),
+                            fired=fired_now, log=log,
+                            hung=hung_ranks(Path(out_dir), world, started))
     with forward_signals(lambda: group[0] if group else None) as signals:
-        rc, tail, error_lines, fired = _stream(cmd, env, timeout_s, quiet, on_start=group.append,
-                                               on_line=on_line)
+        received.append(signals)
+        rc, tail, error_lines, fired, logs = _stream(
+            cmd, env, timeout_s, quiet, on_start=group.append, on_line=on_line,
+            log_dir=Path(out_dir) / LOG_DIR, max_restarts=max_restarts, on_restart=on_restart)
     if signals:
         raise RunInterrupted(interrupted_line(signals[0], plan_file_path, out_dir, steps, flags),
                              signals[0])
@@ -174,18 +199,24 @@ def run_plan(plan_file_path: str | os.PathLike, *, steps: int = 10,
         return done
     if rc != 0:
         errors = list(dict.fromkeys(error_lines))
-        world = nproc or read_plan_file(plan_file_path).plan.world_size
-        # the output was echoed already unless quiet; the last line says what to do next
+        # the workers' own lines were echoed already unless quiet; the last line says what
+        # to do next, and where the rest of the output went
         hint = failure_hint(list(tail), plan_file_path, out_dir, steps, max_restarts,
                             fired=fired, input_error=bool(errors), resume_flags=flags,
                             hung=hung_ranks(Path(out_dir), world, started))
-        raise RuntimeError(f"run of {plan_file_path} failed (exit status {rc})\n"
-                           + "".join(errors)
-                           + ("last output:\n" + "".join(tail) if quiet else "")
-                           + (hint or ""))
+        if hint is not None and logs:
+            hint = hint.rstrip("\n") + f"; the workers' output is in {logs[-1]}\n"
+        raise RunFailed(f"run of {plan_file_path} failed (exit status {rc})\n"
+                        + "".join(errors)
+                        + ("last output:\n" + "".join(tail) if quiet else "")
+                        + (hint or ""),
+                        line=(hint or "".join(errors)).strip() or None,
+                        summary=failed_summary(plan_file_path, out_dir, steps, rc,
+                                               (hint or "".join(errors)).strip(), logs))
     summary = json.loads((Path(out_dir) / "summary.json").read_text())
     if "error" in summary:                   # stopped on purpose (runtime.resilience.StopTraining)
-        raise RuntimeError(f"run of {plan_file_path} stopped: {summary['error']}")
+        message = f"run of {plan_file_path} stopped: {summary['error']}"
+        raise RunFailed(message, line=message, summary=summary)
     if evictions:
         from runtime.evict import finish_launch
 
@@ -268,6 +299,41 @@ def resume_flags(*, data=None, checkpoint_every: int = 0, keep: int = 2,
     return flags + (["--max-restarts", str(max_restarts)] if max_restarts else [])
 
 
+class RunFailed(RuntimeError):
+    """A run that exited non-zero, timed out or stopped on purpose (a NaN loss, an unwritable
+    checkpoint folder). ``str()`` is the whole report (the ranks' one-line errors, under
+    ``quiet`` the last output, then the `failure_hint` line); ``line`` is the one line a
+    console shows; ``summary`` is what ``meshplan run --json`` prints (`failed_summary`, or
+    the workers' ``summary.json`` of a run that stopped)."""
+
+    def __init__(self, message: str, *, line: str | None, summary: dict) -> None:
+        super().__init__(message)
+        self.line = line or message.strip().splitlines()[-1]
+        self.summary = summary
+
+
+def failed_summary(plan_file_path, out_dir, steps: int, status: int, error: str,
+                   logs: list[Path]) -> dict:
+    """The summary of a run that failed for good: plan id, steps asked for and done (lines of
+    ``metrics.jsonl``), torchrun's exit status, the failure line, the log files, and the
+    losses of the steps done."""
+    out = Path(out_dir)
+    try:
+        records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()
+                   if x.strip()]
+    except (OSError, ValueError):
+        records = []
+    try:
+        plan_id = read_plan_file(plan_file_path).plan.id
+    except Exception:             # the plan file changed under the run: the summary says less
+        plan_id = None
+    return {"plan_id": plan_id, "failed": True, "exit_status": status, "error": error,
+            "steps": steps, "steps_done": len(records),
+            "losses": [r["loss"] if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])
+                       else None for r in records], "out_dir": str(out),
+            "logs": [str(path) for path in logs]}
+
+
 class RunInterrupted(RuntimeError):
     """`meshplan run` got SIGTERM or SIGINT; the message is one line (`interrupted_line`)."""
 
@@ -329,28 +395,7 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     if input_error:
         return None
     out = Path(out_dir)
-    who = failed_rank(lines)
-    fired = list(dict.fromkeys(line.split()[2] for line in fired))
-    try:
-        done = sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
-    except OSError:
-        done = 0
-    injected = [f"injected fault {spec}" for spec in fired]
-    why = ([] if who is None else [f"exit code {who[1]}"]) + injected
-    silent, errors = hung
-    # a silent rank that died on its own (SIGKILL, a crash) is not hung: torchrun ended a
-    # hung one with SIGTERM after its peers failed (-15, or 143 from `StopRequest`)
-    codes = exit_codes(lines)
-    silent = [r for r in silent if codes.get(r, "-15") in ("-15", "143")]
-    if silent and errors:
-        waited = sorted({e["rank"] for e in errors})
-        text = (f"meshplan run: rank {', '.join(map(str, silent))} hung at step "
-                f"{max(e['step'] for e in errors)} of {steps}: rank(s) "
-                f"{', '.join(map(str, waited))} failed waiting for it in a collective "
-                f"({errors[0]['error']})" + (f" ({'; '.join(injected)})" if injected else ""))
-    else:
-        text = (f"meshplan run: {'the run' if who is None else f'rank {who[0]}'} failed after "
-                f"step {done} of {steps}" + (f" ({'; '.join(why)})" if why else ""))
+    text = _failure_text(out, steps, failed_rank(lines), fired, exit_codes(lines), hung)
     if max_restarts:
         text += f", with all {max_restarts} restart(s) used"
     clause = resume_clause(plan_file_path, out, steps, resume_flags)
@@ -364,43 +409,192 @@ def failure_hint(lines: list[str], plan_file_path, out_dir, steps: int, max_rest
     return text + "\n"
 
 
+def _failure_text(out: Path, steps: int, who: tuple[int, str] | None, fired: list[str],
+                  codes: dict[int, str], hung: tuple[list[int], list[dict]]) -> str:
+    """``meshplan run: rank 1 failed after step 6 of 10 (exit code -9, SIGKILL; injected fault
+    ...)`` or ``meshplan run: rank 1 hung at step 3 of 4: rank(s) 0 failed waiting for it in a
+    collective (...)``: `failure_hint`'s and `restart_line`'s first clause.
+
+    Args:
+        who: (rank, exit code) torchrun saw fail first, or None.
+        fired: ``meshplan fault: SPEC fired (rank R)`` lines.
+        codes: {rank: exit code} of the ranks torchrun reported (`exit_codes`).
+        hung: `runtime.interrupts.hung_ranks`'s (silent ranks, their peers' failures).
+    """
+    fired = list(dict.fromkeys(line.split()[2] for line in fired))
+    try:
+        done = sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line)
+    except OSError:
+        done = 0
+    injected = [f"injected fault {spec}" for spec in fired]
+    why = ([] if who is None else [f"exit code {who[1]}"]) + injected
+    silent, errors = hung
+    # a silent rank that died on its own (SIGKILL, a crash) is not hung: torchrun ended a
+    # hung one with SIGTERM after its peers failed (-15, or 143 from `StopRequest`)
+    silent = [r for r in silent if codes.get(r, "-15") in ("-15", "143")]
+    if silent and errors:
+        waited = sorted({e["rank"] for e in errors})
+        return (f"meshplan run: rank {', '.join(map(str, silent))} hung at step "
+                f"{max(e['step'] for e in errors)} of {steps}: rank(s) "
+                f"{', '.join(map(str, waited))} failed waiting for it in a collective "
+                f"({errors[0]['error']})" + (f" ({'; '.join(injected)})" if injected else ""))
+    return (f"meshplan run: {'the run' if who is None else f'rank {who[0]}'} failed after "
+            f"step {done} of {steps}" + (f" ({'; '.join(why)})" if why else ""))
+
+
+def restart_line(plan_file_path, out_dir, steps: int, number: int, max_restarts: int,
+                 who: tuple[int, str], *, fired: list[str] = (), log: Path | None = None,
+                 hung: tuple[list[int], list[dict]] = ([], [])) -> str:
+    """The one console line of a restart: what failed (`_failure_text`), which restart of how
+    many, and the file that holds the failed attempt's output (torchrun's and the workers'
+    tracebacks).
+
+    Args:
+        number: this restart, 1-based.
+        who: (rank, exit code) of the failure torchrun's agent logged first
+            (``failed (exitcode: -9) local_rank: 1 ...``; one node: local rank = rank).
+        fired, hung: as `failure_hint`'s.
+    """
+    code = who[1]
+    if code.lstrip("-").isdigit() and int(code) < 0:
+        from runtime.interrupts import signal_name
+        try:
+            code = f"{code}, {signal_name(-int(code))}"
+        except ValueError:                         # not a signal number
+            pass
+    text = _failure_text(Path(out_dir), steps, (who[0], code), list(fired), {who[0]: who[1]},
+                         hung)
+    return (text + f"; restart {number} of {max_restarts} from the newest checkpoint"
+            + (f"; the attempt's output is in {log}" if log is not None else "") + "\n")
+
+
 def _stream(cmd: list[str], env: dict, timeout_s: float | None, quiet: bool, on_start=None,
-            on_line=None) -> tuple[int, collections.deque, list[str], list[str]]:
-    """Run ``cmd`` in a session of its own, echo its merged stdout/stderr line by line;
-    ``on_start(pid)`` is called once it runs (its pid is its process group's id), and
-    ``on_line(line)`` after each line is echoed.
+            on_line=None, log_dir: Path | None = None, max_restarts: int = 0,
+            on_restart=None) -> tuple[int, collections.deque, list[str], list[str], list[Path]]:
+    """Run ``cmd`` (torchrun) in a session of its own and read its stdout and stderr line by
+    line. Every line goes to ``log_dir/attempt{N}.log`` (appended; N counts torchrun's
+    attempts); the console (``sys.stdout``, unless ``quiet``) gets the workers' stdout (their
+    step lines and ``meshplan ...`` notes) and their one-line errors (`ERROR_PREFIX`), not
+    torchrun's logs or the workers' tracebacks (stderr). ``on_start(pid)`` is called once it
+    runs (its pid is its process group's id), ``on_line(line)`` after each line, and
+    ``on_restart(number, rank, exit_code, fired_lines, log)`` when torchrun's agent reports a
+    failed attempt it will restart (the number-th failure, number <= ``max_restarts``); the
+    line it returns is echoed.
 
     Returns:
         (exit status, the last TAIL_LINES lines, every line that starts with ERROR_PREFIX,
-        every line that reports an injected fault firing).
+        every line that reports an injected fault firing, the log files written).
     """
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     error_lines: list[str] = []
     fired: list[str] = []
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, start_new_session=True)
+    logs: list[Path] = []
+    state = {"attempt": 0, "fired_from": 0, "log": None, "echo": not quiet}
+
+    def open_log():
+        if log_dir is None:
+            return None
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / f"attempt{state['attempt']}.log"
+        logs.append(path)
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at the next attempt
+        f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} torchrun attempt "
+                f"{state['attempt']}: {shlex.join(cmd)}\n")
+        return f
+
+    def echo(line: str) -> None:
+        if state["echo"]:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def handle(line: str, stream: str) -> None:
+        tail.append(line)
+        if state["log"] is not None:
+            state["log"].write(line)
+            state["log"].flush()
+        if line.startswith(ERROR_PREFIX):
+            error_lines.append(line)
+        elif line.startswith("meshplan fault:") and " fired " in line:
+            fired.append(line)
+        if stream == "stdout" or line.startswith(ERROR_PREFIX):
+            echo(line)
+        if on_line is not None:
+            on_line(line)
+        failed = _AGENT_FAILED.search(line) if stream == "stderr" else None
+        if failed is not None and state["attempt"] < max_restarts:
+            state["attempt"] += 1
+            if on_restart is not None:
+                echo(on_restart(state["attempt"], int(failed.group(2)), failed.group(1),
+                                fired[state["fired_from"]:], logs[-1] if logs else None))
+            state["fired_from"] = len(fired)
+            if state["log"] is not None:
+                state["log"].close()
+                state["log"] = open_log()
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     if on_start is not None:
         on_start(proc.pid)
     timer = None
     if timeout_s is not None:
         timer = threading.Timer(timeout_s, lambda: _kill_group(proc, tail))
         timer.start()
+    state["log"] = open_log()
+    pipes = {proc.stdout: "stdout", proc.stderr: "stderr"}
     try:
-        for line in proc.stdout:
-            tail.append(line)
-            if line.startswith(ERROR_PREFIX):
-                error_lines.append(line)
-            elif line.startswith("meshplan fault:") and " fired " in line:
-                fired.append(line)
-            if not quiet:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            if on_line is not None:
-                on_line(line)
-        return proc.wait(), tail, error_lines, fired
+        _read_lines(pipes, handle)
+        return proc.wait(), tail, error_lines, fired, logs
+    except BaseException:
+        # this process cannot echo any more (its own stdout closed, ...): stop the group
+        # rather than leave it training unwatched, its last words into the log
+        state["echo"] = False
+        _stop_group(proc, lambda: _read_lines(pipes, handle))
+        raise
     finally:
         if timer is not None:
             timer.cancel()
+        if state["log"] is not None:
+            state["log"].close()
+
+
+def _read_lines(pipes: dict, handle) -> None:
+    """Call ``handle(line, name)`` for each line of the binary ``pipes`` ({file: name}) as it
+    arrives, until all of them close. When several are readable the first one's data is taken
+    first: the workers' stdout before the agent's report of their end, which they preceded."""
+    order = list(pipes)
+    partial = {f: b"" for f in pipes}
+    with selectors.DefaultSelector() as sel:
+        for f in pipes:
+            sel.register(f, selectors.EVENT_READ)
+        while sel.get_map():
+            for key, _ in sorted(sel.select(), key=lambda e: order.index(e[0].fileobj)):
+                f = key.fileobj
+                chunk = os.read(f.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(f)
+                    if partial[f]:
+                        handle(partial[f].decode(errors="replace") + "\n", pipes[f])
+                    continue
+                *lines, partial[f] = (partial[f] + chunk).split(b"\n")
+                for line in lines:
+                    handle(line.decode(errors="replace") + "\n", pipes[f])
+
+
+def _stop_group(proc: subprocess.Popen, drain, grace_s: float = 30.0) -> None:
+    """SIGTERM to torchrun's process group (the workers checkpoint the step they are in and
+    exit, `runtime.interrupts`) while ``drain()`` reads its output to the end; SIGKILL if it
+    has not ended after ``grace_s``."""
+    try:
+        os.killpg(proc.pid, 15)
+    except ProcessLookupError:
+        return
+    killer = threading.Timer(grace_s, lambda: _kill_group(proc, collections.deque()))
+    killer.start()
+    try:
+        drain()
+        proc.wait()
+    finally:
+        killer.cancel()
 
 
 def _kill_group(proc: subprocess.Popen, tail: collections.deque) -> None:

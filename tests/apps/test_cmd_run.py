@@ -120,3 +120,82 @@ def test_run_ends_with_predicted_against_measured(plan_path, capsys, monkeypatch
     # by hand: 0.2 / 0.25 − 1 = −20%
     assert "predicted vs measured: step 200.0 ms vs 250.0 ms (error -20.0%)" in out
     assert "MFU 25.0% vs 20.0%" in out
+
+
+# gloo's own words for a collective timeout: the bracketed source path is what rich would
+# read as a closing markup tag ("closing tag '[/__w/...]' doesn't match any open tag")
+GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78]"
+                " Timed out waiting 5000ms for recv operation to complete")
+
+
+def test_failure_text_with_brackets_is_printed_as_it_is(plan_path, tmp_path, capsys,
+                                                        monkeypatch):
+    import runtime.launch
+
+    def fails(plan, **kwargs):
+        raise RuntimeError(f"run of {plan} failed: {GLOO_TIMEOUT} [bold]x[/bold]")
+
+    monkeypatch.setattr(runtime.launch, "run_plan", fails)
+    assert main(["run", str(plan_path), "--out", str(tmp_path / "run")]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert f"failed: run of {plan_path} failed: {GLOO_TIMEOUT} [bold]x[/bold]" in err
+
+
+def test_failed_run_is_one_line_and_its_summary_under_json(plan_path, tmp_path, capsys,
+                                                           monkeypatch):
+    import runtime.launch
+    from runtime.launch import RunFailed
+    line = f"meshplan run: rank 1 hung at step 3 of 4: rank(s) 0 failed ({GLOO_TIMEOUT})"
+    summary = {"plan_id": "tp1-pp2-dp1-mb2-gb8", "failed": True, "error": line}
+
+    def fails(plan, **kwargs):
+        raise RunFailed(f"run of {plan} failed (exit status 1)\n{line}\n", line=line,
+                        summary=summary)
+
+    monkeypatch.setattr(runtime.launch, "run_plan", fails)
+    assert main(["run", str(plan_path), "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == line and "exit status" not in err
+    assert main(["run", str(plan_path), "--out", str(tmp_path / "run"), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == summary                 # stdout: the JSON alone
+    assert captured.err.strip().splitlines()[-1] == line
+
+
+def test_progress_of_a_resumed_run_counts_from_the_resumed_step(tmp_path):
+    from rich.console import Console
+
+    from apps.run_config import with_step_progress
+    # a run resumed from another run's step 4 checkpoint: its own metrics.jsonl holds only
+    # steps 5 and 6 of the 6-step job, so the bar must end at 6/6, not at 2 lines
+    config = {"out_dir": str(tmp_path), "plan_id": "tp1-pp2-dp1-mb2-gb8", "steps": 6}
+
+    def run():
+        with open(tmp_path / "metrics.jsonl", "w") as f:
+            f.writelines(json.dumps({"step": k, "loss": 3.0}) + "\n" for k in (5, 6))
+        return {}
+
+    console = Console(record=True, width=120, force_terminal=False)
+    with_step_progress(console, config, run, poll_s=0.01)
+    assert "6/6 steps" in console.export_text()
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_a_closed_stdout_exits_0_quietly(tiny_plan_file, flags):
+    # `meshplan launch ... | head`: the reader is gone before the command writes (the read
+    # end is closed first), so the first write gets EPIPE: rich's console (the node line)
+    # or print (--json)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    plan = tiny_plan_file(tp=1, pp=1, dp=2)
+    read, write = os.pipe()
+    os.close(read)
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "apps.cli", "launch", str(plan), "--nodes",
+                           "2", "--rdzv-endpoint", "10.0.0.9:29500", *flags], stdout=write,
+                          stderr=subprocess.PIPE, text=True, cwd=repo, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(repo)))
+    os.close(write)
+    assert proc.returncode == 0 and proc.stderr == ""
