@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from apps.format import command_console, fmt_time_s
+from apps.format import command_console, fmt_time_s, print_json
 from planner.spec import PlanError
 
 
@@ -74,7 +73,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                  f"--cpu-profile defaults to)")
     console.print(f"wrote {path}{where}", highlight=False)
     if args.json:
-        print(json.dumps({"profile": str(path), **mapping["calibration"]}))
+        print_json({"profile": str(path), **mapping["calibration"]})
     return 0
 
 

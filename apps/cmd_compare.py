@@ -8,11 +8,10 @@ report live in `apps.compare`).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import command_console
+from apps.format import command_console, print_json
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -33,7 +32,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from apps.format import write_csv
         write_csv(result["rows"], args.csv)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     return 0
 
 

@@ -8,9 +8,8 @@ difference.
 from __future__ import annotations
 
 import argparse
-import json
 
-from apps.format import command_console, fmt_gib, fmt_time_s
+from apps.format import command_console, fmt_gib, fmt_time_s, print_json
 
 
 def _rows(a, b) -> list[tuple[str, str, float, float]]:
@@ -49,8 +48,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     rows = _rows(a, b)
     sentence = difference_sentence(a, b, rows)
     if args.json:
-        print(json.dumps({"a": {"id": files[0].plan.id, **a.to_dict()},
-                          "b": {"id": files[1].plan.id, **b.to_dict()}, "summary": sentence}))
+        print_json({"a": {"id": files[0].plan.id, **a.to_dict()},
+                    "b": {"id": files[1].plan.id, **b.to_dict()}, "summary": sentence})
         return 0
     from rich.table import Table
     table = Table(title=f"A = {files[0].plan.id}\nB = {files[1].plan.id}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
+from apps.format import print_json
 from planner.export import FRAMEWORKS
 
 
@@ -28,7 +28,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_plan_dtype(pf, cluster_of_plan_file(pf))
     out = export_plan(pf.model, pf.plan, args.to, steps=args.steps)
     if args.json:
-        print(json.dumps({"id": pf.plan.id, **dataclasses.asdict(out)}))
+        print_json({"id": pf.plan.id, **dataclasses.asdict(out)})
         return 0
     print(out.text, end="" if out.text.endswith("\n") else "\n")
     for reason in out.unsupported:

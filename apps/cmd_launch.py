@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from apps.format import command_console
+from apps.format import command_console, print_json
 from planner.spec import PlanError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +182,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)
         if args.json:
-            print(json.dumps(out))
+            print_json(out)
         return 0
     if not args.rdzv_endpoint:
         raise PlanError("--rdzv-endpoint HOST:PORT is needed (or --slurm FILE)")
@@ -210,7 +209,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                         "line": shell_line(c, agent_vars)}
                        for r, c in zip(ranks, commands, strict=True)]
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
     elif not args.run:
         for r, c in zip(ranks, commands, strict=True):
             console.print(f"# node {r} of {args.nodes}", highlight=False)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from apps.clusters import add_cpu_profile_option
@@ -23,6 +22,7 @@ from apps.format import (
     fmt_pct,
     fmt_recompute,
     fmt_time_s,
+    print_json,
     print_table,
 )
 from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
@@ -127,9 +127,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
                                  + list(TRAIN_COLUMNS) if k in ranked]
-        print(json.dumps({"plans": ranked[keys].to_dict("records"),
-                          "rejected": rejected.to_dict("records"), **json_extras(result),
-                          **goodput_json(args, cluster), **train_json(args, tokens, cluster)}))
+        print_json({"plans": ranked[keys].to_dict("records"),
+                    "rejected": rejected.to_dict("records"), **json_extras(result),
+                    **goodput_json(args, cluster), **train_json(args, tokens, cluster)})
     else:
         if not ranked.empty:
             columns = dict(PLAN_TABLE)

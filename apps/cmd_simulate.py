@@ -7,11 +7,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import command_console, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s
+from apps.format import command_console, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s, print_json
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -36,7 +35,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["stragglers"] = {str(rank): factor for rank, factor in stragglers.items()}
         out["healthy_step_time_s"] = simulate(pf.model, pf.plan, cluster).step_time_s
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     console.print(f"[bold]{pf.plan.id}[/] of {pf.model.name} on {cluster.name}")
     if cluster.nics_per_node == 0:

@@ -10,9 +10,8 @@ and leaf oversubscriptions, on the local cores or on a Ray cluster.
 from __future__ import annotations
 
 import argparse
-import json
 
-from apps.format import command_console, fmt_krate, fmt_pct, print_table
+from apps.format import command_console, fmt_krate, fmt_pct, print_json, print_table
 from planner.spec import PlanError, did_you_mean
 
 
@@ -95,8 +94,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows = run_sweep(args.model, points, token_budget=tokens, global_batch=gb,
                      prices=prices, workers=args.workers, ray_address=args.ray_address)
     if args.json:
-        print(json.dumps({"model": model.name, "tokens": tokens, "global_batch": gb,
-                          "points": rows}))
+        print_json({"model": model.name, "tokens": tokens, "global_batch": gb,
+                    "points": rows})
         return 0
     import pandas as pd
     print_table(console, pd.DataFrame(rows), f"{model.name}, {tokens:.3g} tokens, global "

@@ -7,13 +7,12 @@ This module orchestrates the library calls behind `meshplan compare`; the modell
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.clusters import cluster_from_flags, cluster_ref
-from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table
+from apps.format import dumps_json, fmt_pct, fmt_rate, fmt_time_s, print_table
 from planner.planfile import PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import ModelSpec, Plan, PlanError
@@ -193,7 +192,7 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
         "global_batch": COMPARE_GLOBAL_BATCH, "dtype": "fp32", "threads_per_rank": 1,
         "cores": os.cpu_count(), "load_average_1m": _load_average(),
         "measured": "median step time after the first (warm-up) step, rank 0"}}
-    (out_dir / "compare.json").write_text(json.dumps(result, indent=2))
+    (out_dir / "compare.json").write_text(dumps_json(result, indent=2))
     df = pd.DataFrame(rows)
     plot_compare(df, out_dir / "compare.png", result)
     print_table(console, df, "predicted vs measured (localhost-cpu, 1 thread per rank)",

@@ -22,6 +22,37 @@ def fmt_time_s(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def json_safe(value: object) -> object:
+    """``value`` with every float NaN or infinity (an unknown figure: no price, no failure)
+    replaced by None, recursively through dicts, lists and tuples, so that it is standard JSON
+    (RFC 8259 has no NaN); numpy scalars become Python numbers.
+
+    >>> json_safe({"cost_usd": float("nan"), "rows": [1.5, float("inf")]})
+    {'cost_usd': None, 'rows': [1.5, None]}
+    """
+    import math
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps_json(value: object, **kwargs) -> str:
+    """The one JSON writer of every ``--json`` output and JSON file: `json_safe` then
+    ``json.dumps(..., allow_nan=False)``, which raises rather than write NaN."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def print_json(value: object) -> None:
+    """Print ``value`` as one line of standard JSON on stdout (`dumps_json`)."""
+    print(dumps_json(value))
+
+
 def fmt_bytes(n: float) -> str:
     """Bytes as GiB with one decimal (``'71.3 GiB'``), or MiB below 1 GiB."""
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
