@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from apps.format import command_console, fmt_time_s, print_json
+from apps.format import check_output_path, command_console, fmt_time_s, print_json
 from planner.spec import PlanError
 
 
@@ -44,6 +44,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for flag, value, low in (("--ranks", args.ranks, 1), ("--iters", args.iters, 1)):
         if value is not None and value < low:
             raise PlanError(f"{flag}={value} must be >= {low} (e.g. {flag} 4)")
+    check_output_path("--out", args.out)
     models = sweep_models()
     specs = [models[name] for name in args.models] if args.models else list(models.values())
     if warning := load_warning():

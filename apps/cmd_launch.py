@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from apps.format import command_console, print_json
+from apps.format import check_output_path, command_console, print_json
 from planner.spec import PlanError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +153,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag}={value} must be a positive integer")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
+    check_output_path("--slurm", args.slurm)
     cluster = check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
     train_args = elastic_train_args(args)
     etcd = args.rdzv_backend == "etcd-v2"

@@ -10,7 +10,15 @@ import argparse
 from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import command_console, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s, print_json
+from apps.format import (
+    check_output_path,
+    command_console,
+    fmt_bytes,
+    fmt_pct,
+    fmt_rate,
+    fmt_time_s,
+    print_json,
+)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -20,6 +28,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.planfile import read_plan_file
     from simulator.step.simulate import simulate
     console = command_console(args)
+    check_output_path("--trace", getattr(args, "trace", None))
     pf = read_plan_file(args.plan)
     cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
     check_plan_dtype(pf, cluster)

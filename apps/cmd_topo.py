@@ -129,6 +129,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     from rich.console import Console  # here, not at import: `--help` stays fast
 
     from simulator.network.topology import draw_png, summary
+    check_output_path("--png", args.png)
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}

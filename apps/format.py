@@ -138,9 +138,19 @@ class SearchProgress:
 
 def check_output_path(flag: str, path: str | Path | None, *, folder: bool = False) -> None:
     """Before any work: raise `PlanError` naming ``flag`` when ``path`` cannot be written as a
-    file (``folder`` False) or used as a folder (True): the wrong kind of thing is already
-    there, or the nearest existing parent is not a writable folder. None: nothing to check."""
+    file (``folder`` False) or used as a folder (True). The check asks the operating system: it
+    creates (and removes) a probe file in the folder ``path`` goes into, or a probe folder in
+    the nearest existing parent when folders are still to be made, so the reason it gives (No
+    such file or directory, Permission denied, Read-only file system, ...) is the one the
+    write itself would meet. None: nothing to check.
+
+    Raises:
+        PlanError: ``"--out '/proc/nope/x.yaml': cannot write there (No such file or
+            directory); choose a writable folder"``, or the path is the wrong kind of thing
+            (a folder given for a file, a file for a folder).
+    """
     import os
+    import tempfile
 
     from planner.spec import PlanError
     if path is None:
@@ -151,12 +161,21 @@ def check_output_path(flag: str, path: str | Path | None, *, folder: bool = Fals
                         f"existing): give another path or remove the file")
     if not folder and path.is_dir():
         raise PlanError(f"{flag} {str(path)!r} is a folder; {flag} takes a file path")
-    parent = path if folder and path.is_dir() else path.parent
+    into = path if folder else path.parent
+    parent = into
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise PlanError(f"{flag} {str(path)!r}: {str(parent)!r} is not a writable folder; "
-                        f"give a path under one")
+    try:
+        if not folder and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(13, os.strerror(13), str(path))
+        if parent == into:
+            with tempfile.NamedTemporaryFile(dir=into, prefix=".meshplan-probe-"):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".meshplan-probe-"))
+    except OSError as exc:
+        raise PlanError(f"{flag} {str(path)!r}: cannot write there ({exc.strerror or exc}); "
+                        f"choose a writable folder") from None
 
 
 def write_csv(rows: list[dict], path: str | Path) -> Path:

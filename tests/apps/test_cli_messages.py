@@ -65,3 +65,49 @@ def test_an_empty_cluster_file_is_called_empty(capsys, tmp_path):
     path.write_text("")
     assert main(["plan", "--model", "tiny-gpt", "--cluster", str(path)]) == 2
     assert f"cluster file {str(path)!r} is empty; a cluster file holds kind: gpu" in _err(capsys)
+
+
+def _not_a_folder(tmp_path):
+    # a path whose parent is a regular file: every OS refuses to create anything inside it
+    (tmp_path / "afile").write_text("")
+    return tmp_path / "afile"
+
+
+@pytest.mark.parametrize("argv, flag, name", [
+    (["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--out"], "--out", "x.yaml"),
+    (["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--csv"], "--csv", "csv"),
+    (["topo", "localhost-cpu", "--png"], "--png", "t.png"),
+    (["calibrate", "--out"], "--out", "p.yaml"),
+    (["demo", "--out"], "--out", "demo"),
+    (["collective", "all_reduce", "--cluster", "dgx-h100", "--csv"], "--csv", "c.csv"),
+])
+def test_an_unwritable_output_path_names_the_flag_before_any_work(capsys, tmp_path, argv,
+                                                                  flag, name):
+    bad = _not_a_folder(tmp_path) / name
+    assert main([*argv, str(bad)]) == 2
+    err = capsys.readouterr().err
+    # one line, and nothing before it: no search header, no calibration, no run started
+    assert err == (f"error: {flag} {str(bad)!r}: cannot write there (Not a directory); "
+                   f"choose a writable folder\n")
+
+
+@pytest.mark.parametrize("argv_of, flag", [
+    (lambda plan, bad: ["simulate", str(plan), "--trace", str(bad)], "--trace"),
+    (lambda plan, bad: ["launch", str(plan), "--nodes", "1", "--slurm", str(bad)], "--slurm"),
+    (lambda plan, bad: ["run", str(plan), "--steps", "1", "--out", str(bad)], "--out"),
+])
+def test_plan_file_commands_check_their_output_path_first(capsys, tmp_path, tiny_plan_file,
+                                                          argv_of, flag):
+    plan = tiny_plan_file(tp=1, pp=2, dp=1)
+    bad = _not_a_folder(tmp_path) / "x"
+    assert main(argv_of(plan, bad)) == 2
+    assert capsys.readouterr().err == (f"error: {flag} {str(bad)!r}: cannot write there (Not "
+                                       f"a directory); choose a writable folder\n")
+
+
+def test_the_output_path_check_leaves_no_probe_behind(tmp_path):
+    from apps.format import check_output_path
+    check_output_path("--out", tmp_path / "new" / "deeper" / "x.yaml")
+    check_output_path("--out", tmp_path / "x.yaml")
+    check_output_path("--out", tmp_path / "run", folder=True)
+    assert list(tmp_path.iterdir()) == []
