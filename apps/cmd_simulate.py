@@ -22,7 +22,12 @@ from apps.format import (
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from apps.clusters import check_plan_dtype, cluster_of_plan_file, profile_line
+    from apps.clusters import (
+        check_plan_dtype,
+        cluster_of_plan_file,
+        memory_warning,
+        profile_line,
+    )
     from apps.cmd_faults import parse_stragglers
     from planner.flops import attention_flops_per_token, training_flops_per_token
     from planner.planfile import read_plan_file
@@ -32,6 +37,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     pf = read_plan_file(args.plan)
     cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
     check_plan_dtype(pf, cluster)
+    if (warning := memory_warning(pf, cluster)) is not None:
+        from rich.console import Console
+        Console(stderr=True, soft_wrap=True).print(warning, highlight=False)
     stragglers = parse_stragglers(getattr(args, "straggler", None))
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
                     stragglers=stragglers)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from apps.format import fmt_bytes, print_table
 from planner.precision import DTYPES
-from planner.spec import PlanError
+from planner.spec import MEMORY_HEADROOM, PlanError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,8 +35,8 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     "--global-batch); a multiple of the sequence length")
     sp.add_argument("--devices", type=int, help="use exactly this many devices (default all)")
     sp.add_argument("--max-devices", type=int, help="use at most this many devices")
-    sp.add_argument("--memory-headroom", type=float, default=0.95,
-                    help="fraction of device memory a plan may use (default 0.95)")
+    sp.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
+                    help=f"fraction of device memory a plan may use (default {MEMORY_HEADROOM})")
     sp.add_argument("--fix", action="append", default=[], metavar="FIELD=V[,V...]",
                     help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
                     "schedule, recompute, zero_stage, sequence_parallel, placement, ep, etp "
@@ -115,7 +115,7 @@ def search_kwargs(args: argparse.Namespace) -> dict:
     return {"space": parse_fixed(getattr(args, "fix", None) or []),
             "num_devices": getattr(args, "devices", None),
             "max_devices": getattr(args, "max_devices", None),
-            "memory_headroom": getattr(args, "memory_headroom", None) or 0.95,
+            "memory_headroom": getattr(args, "memory_headroom", None) or MEMORY_HEADROOM,
             "dtype": getattr(args, "dtype", None),
             "prune": getattr(args, "prune", None)}
 

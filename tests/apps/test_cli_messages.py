@@ -111,3 +111,110 @@ def test_the_output_path_check_leaves_no_probe_behind(tmp_path):
     check_output_path("--out", tmp_path / "x.yaml")
     check_output_path("--out", tmp_path / "run", folder=True)
     assert list(tmp_path.iterdir()) == []
+
+
+LLAMA_13B = {"name": "my-llama-13b", "num_layers": 40, "hidden": 5120, "num_heads": 40,
+             "num_kv_heads": 40, "ffn_hidden": 13824, "vocab_size": 32000, "seq_len": 4096,
+             "activation": "swiglu", "norm": "rmsnorm"}
+MOE_16X = {"name": "my-moe-16x3b", "num_layers": 24, "hidden": 2048, "num_heads": 16,
+           "num_kv_heads": 4, "ffn_hidden": 8192, "vocab_size": 50304, "seq_len": 4096,
+           "activation": "swiglu", "norm": "rmsnorm",
+           "num_experts": 16, "experts_per_token": 2, "moe_ffn_hidden": 4096,
+           "num_shared_experts": 1}
+
+
+def _plan_file(path, model: dict, **plan_fields):
+    # a plan file of `model` on 32 DGX H100 nodes (256 x 80 GB), as `meshplan plan --out` writes
+    from planner.planfile import ClusterRef, PlanFile, write_plan_file
+    from planner.presets import model_from_dict
+    from planner.spec import Plan
+    fields = dict(model)
+    plan = Plan(**{"tp": 1, "pp": 1, "dp": 256, "micro_batch": 2, "global_batch": 1024,
+                   "zero_stage": 3, **plan_fields})
+    return write_plan_file(path, PlanFile(
+        model=model_from_dict(fields, name=fields.pop("name")), plan=plan,
+        cluster=ClusterRef(name="dgx-h100", nodes=32)))
+
+
+def _oom_plan(tmp_path):
+    # ZeRO-0: every rank holds Adam's fp32 master weights, m and v, 12 bytes x 13.0B params =
+    # 145.5 GiB on its own (Rajbhandari et al. 2020 §3.1), twice the 80 GB x 0.95 = 70.8 GiB
+    # usable of an H100
+    return _plan_file(tmp_path / "oom.yaml", LLAMA_13B, micro_batch=4, zero_stage=0)
+
+
+def _needs_gib(err: str) -> float:
+    import re
+    return float(re.search(r"stage 0 needs ([\d.]+) GiB", err).group(1))
+
+
+def test_simulate_warns_when_the_plan_does_not_fit_and_still_prints(capsys, tmp_path):
+    assert main(["simulate", str(_oom_plan(tmp_path))]) == 0
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert err.startswith("warning: tp1-pp1-dp256-mb4-gb1024 does not fit on h100-sxm-80gb: "
+                          "out of memory: stage 0 needs ")
+    assert "device has 70.8 GiB usable" in err and _needs_gib(err) > 145.5
+    assert "peak_memory" in captured.out          # the figures are still shown
+
+
+def test_a_plan_that_fits_simulates_without_a_warning(capsys, tmp_path):
+    assert main(["simulate", str(_plan_file(tmp_path / "ok.yaml", LLAMA_13B))]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_export_refuses_a_plan_that_does_not_fit_unless_allowed(capsys, tmp_path):
+    plan = str(_oom_plan(tmp_path))
+    assert main(["export", plan, "--to", "megatron"]) == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert captured.out == "" and err.startswith("error: plan tp1-pp1-dp256-mb4-gb1024 does not "
+                                                 "fit on h100-sxm-80gb: out of memory")
+    assert err.endswith("the megatron job would stop out of memory: make a plan that fits "
+                        "(`meshplan plan ... --out`), or give --allow-oom to export it anyway")
+    assert main(["export", plan, "--to", "megatron", "--allow-oom"]) == 0
+    captured = capsys.readouterr()
+    assert "--micro-batch-size 4" in captured.out
+    assert " ".join(captured.err.split()).startswith("warning: tp1-pp1-dp256-mb4-gb1024 does "
+                                                     "not fit")
+
+
+def test_diff_names_models_and_clusters_and_warns_when_models_differ(capsys, tmp_path):
+    a = _plan_file(tmp_path / "a.yaml", LLAMA_13B)
+    b = _plan_file(tmp_path / "b.yaml", MOE_16X, micro_batch=4)
+    assert main(["diff", str(a), str(b)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ("warning: A trains my-llama-13b, B trains my-moe-16x3b: the step "
+                            "times compare two different models, not two plans of one\n")
+    assert "A = tp1-pp1-dp256-mb2-gb1024-zero3 (my-llama-13b on dgx-h100, 256 devices)" \
+        in captured.out
+    assert "B = tp1-pp1-dp256-mb4-gb1024-zero3 (my-moe-16x3b on dgx-h100, 256 devices)" \
+        in captured.out
+
+
+def test_diff_of_one_model_has_no_model_warning(capsys, tmp_path):
+    a = _plan_file(tmp_path / "a.yaml", LLAMA_13B)
+    b = _plan_file(tmp_path / "b.yaml", LLAMA_13B, micro_batch=1)
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = _strict_json(captured.out)
+    assert captured.err == "" and out["a"]["model"] == out["b"]["model"] == "my-llama-13b"
+
+
+def test_diff_warns_about_a_plan_that_does_not_fit(capsys, tmp_path):
+    a = _plan_file(tmp_path / "a.yaml", LLAMA_13B)
+    assert main(["diff", str(a), str(_oom_plan(tmp_path)), "--json"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("warning: B = tp1-pp1-dp256-mb4-gb1024 does not fit on "
+                          "h100-sxm-80gb: out of memory: stage 0 needs ")
+
+
+def test_an_overrun_smaller_than_the_rounding_is_still_visible():
+    from planner.search import GiB, memory_reason
+    from simulator.step.memory import MemoryBreakdown
+    # 70.83 vs 70.78 GiB: one decimal would print 70.8 twice; the gap is 0.05 GiB = 51.2 MiB
+    need = MemoryBreakdown(weights_bytes=40 * GiB, gradients_bytes=0, optimizer_bytes=0,
+                           activations_bytes=30.83 * GiB)
+    reason = memory_reason(need, 0, 70.78 * GiB)
+    assert reason.startswith("out of memory: stage 0 needs 70.83 GiB, device has 70.78 GiB "
+                             "usable, 51.2 MiB over (weights 40.0,")
