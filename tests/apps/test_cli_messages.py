@@ -218,3 +218,39 @@ def test_an_overrun_smaller_than_the_rounding_is_still_visible():
     reason = memory_reason(need, 0, 70.78 * GiB)
     assert reason.startswith("out of memory: stage 0 needs 70.83 GiB, device has 70.78 GiB "
                              "usable, 51.2 MiB over (weights 40.0,")
+
+
+RUNS_HEADER = ("id,source,table,model,params_b,layers,hidden,heads,kv_heads,ffn_hidden,vocab,"
+               "seq_len,gpu,num_gpus,tp,pp,dp,cp,vpp,micro_batch,global_batch,recompute,"
+               "sequence_parallel,zero_stage,ref_step_time_s,ref_step_time_kind,"
+               "reported_tflops_per_gpu,reported_mfu,reported_hfu,notes\n")
+RUN_ROW = ("x001,my cluster,mine,Llama 13B,13,40,5120,40,40,13824,32000,4096,H100-SXM5-80GB,"
+           "256,1,1,256,,,2,1024,none,no,3,{ref},measured,,,,own run\n")
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("0", "error: runs.csv x001: ref_step_time_s='0' is not a step time > 0; give the "
+          "measured seconds per step"),
+    ("", "error: runs.csv: no row could be simulated; x001: ref_step_time_s is empty; fill it "
+         "in (the row cannot be simulated without it)"),
+])
+def test_validate_refuses_a_user_table_with_exit_2(capsys, tmp_path, ref, message):
+    path = tmp_path / "runs.csv"
+    path.write_text(RUNS_HEADER + RUN_ROW.format(ref=ref))
+    assert main(["validate", "--runs", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert _err_of(captured) == message and captured.out == ""
+
+
+def _err_of(captured) -> str:
+    return " ".join(captured.err.split())
+
+
+def test_an_expert_split_rejection_states_each_broken_rule(capsys):
+    # tiny-moe on 2 ranks, tp1 pp2 dp1: the attention ranks tp*cp*dp = 1 cannot hold ep=2
+    code = main(["plan", "--model", "tiny-moe", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--fix", "ep=2", "--fix", "pp=2", "--json"])
+    out = _strict_json(capsys.readouterr().out)
+    reasons = [r["reason"] for r in out["rejected"] if r["id"] == "tp1-pp2-dp1-ep2-etp1"]
+    assert code == 2 and "ep=2, etp=1: etp*ep = 2 must divide the attention ranks " \
+                         "tp*cp*dp = 1" in reasons
