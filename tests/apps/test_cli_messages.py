@@ -254,3 +254,34 @@ def test_an_expert_split_rejection_states_each_broken_rule(capsys):
     reasons = [r["reason"] for r in out["rejected"] if r["id"] == "tp1-pp2-dp1-ep2-etp1"]
     assert code == 2 and "ep=2, etp=1: etp*ep = 2 must divide the attention ranks " \
                          "tp*cp*dp = 1" in reasons
+
+
+@pytest.mark.parametrize("value", ["pp,dp,tp", "[pp,dp,tp]", "pp.dp"])
+def test_a_placement_in_another_syntax_is_shown_the_accepted_one(value):
+    from apps.plan_options import parse_fixed
+    from planner.spec import PlanError
+    with pytest.raises(PlanError) as info:
+        parse_fixed([f"placement={value}"])
+    assert str(info.value) == (f"--fix placement={value}: a placement is tp, dp, pp in rank "
+                               "order joined by dots, innermost first, e.g. --fix "
+                               "placement=pp.dp.tp; commas separate placements to search "
+                               "(--fix placement=tp.dp.pp,tp.pp.dp)")
+
+
+def test_dotted_placements_are_searched():
+    from apps.plan_options import parse_fixed
+    assert parse_fixed(["placement=pp.dp.tp,tp.dp.pp"]).placement == (("pp", "dp", "tp"),
+                                                                      ("tp", "dp", "pp"))
+
+
+def test_negative_show_rejected_is_refused(capsys):
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu",
+                 "--show-rejected", "-1"]) == 2
+    assert capsys.readouterr().err == "error: --show-rejected=-1 must be >= 0\n"
+
+
+def test_plan_header_counts_the_devices_searched(capsys):
+    # 4 localhost ranks, --devices 2: the plans use 2 of the 4
+    main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--devices", "2",
+          "--json"])
+    assert "on localhost-cpu (2 of 4 devices, localhost-cpu-core)" in _err(capsys)
