@@ -212,7 +212,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     default="throughput", help="rank by predicted tokens/s, by tokens/s x "
                     "goodput under failures, or by wall days to train --tokens / --steps")
     sp.add_argument("--mtbf-hours", type=float,
-                    help="per-device MTBF in hours for the failure model (default 50675: "
+                    help="per-device MTBF in hours for the failure model (default 50677: "
                     "Llama 3 405B's 419 unexpected interruptions in 54 days on 16,384 GPUs, "
                     "Dubey et al. 2024 §3.3.4)")
     sp.add_argument("--node-mtbf-hours", type=float,

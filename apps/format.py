@@ -53,6 +53,21 @@ def print_json(value: object) -> None:
     print(dumps_json(value))
 
 
+def fmt_duration_s(seconds: float) -> str:
+    """A time to train in the largest unit that is at least one: days, hours, minutes or
+    seconds (a short budget is not '0.0 days').
+
+    >>> fmt_duration_s(26.64 * 86400), fmt_duration_s(5.3 * 3600), fmt_duration_s(754)
+    ('26.6 days', '5.3 h', '12.6 min')
+    >>> fmt_duration_s(6.24)
+    '6.2 s'
+    """
+    for unit, scale in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
 def fmt_bytes(n: float) -> str:
     """Bytes as GiB with one decimal (``'71.3 GiB'``), or MiB below 1 GiB."""
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"

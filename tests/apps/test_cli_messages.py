@@ -285,3 +285,57 @@ def test_plan_header_counts_the_devices_searched(capsys):
     main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--devices", "2",
           "--json"])
     assert "on localhost-cpu (2 of 4 devices, localhost-cpu-core)" in _err(capsys)
+
+
+def test_a_short_budget_is_shown_in_hours_or_minutes(capsys):
+    import re
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2",
+                 "--steps", "100"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # 100 steps x 8 sequences x 128 tokens (tiny-gpt) = 102,400 tokens at thousands of
+    # tokens/s: seconds, not days
+    assert "0.0 days" not in out
+    assert re.search(r"102.4K tokens on \S+: [\d.]+ (s|min) wall time", out)
+
+
+def test_plan_and_sweep_json_say_which_time_to_train_they_give(capsys):
+    from planner.time_to_train import HEALTHY_TIME, WALL_TIME
+    assert WALL_TIME == "wall time = tokens / (tokens/s x goodput): failures, checkpoints, " \
+                        "restarts"
+    assert HEALTHY_TIME == "healthy time = tokens / tokens/s: no failures, checkpoints or " \
+                           "restarts"
+    main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2",
+          "--tokens", "1M", "--json"])
+    plan = _strict_json(capsys.readouterr().out)
+    assert plan["train_assumptions"]["time_to_train"] == WALL_TIME
+    row = plan["plans"][0]
+    # wall time: tokens / (tokens/s x goodput), in days
+    assert row["wall_days"] * 86400 == pytest.approx(1e6 / (row["tokens_per_s"] * row["goodput"]))
+    main(["sweep", "--model", "tiny-gpt", "--tokens", "1B", "--gpus", "8", "--workers", "1",
+          "--json"])
+    sweep = _strict_json(capsys.readouterr().out)
+    point = sweep["points"][0]
+    assert sweep["time_to_train"] == HEALTHY_TIME
+    assert point["time_to_train_s"] == pytest.approx(1e9 / point["tokens_per_s"])
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def test_the_stated_device_mtbf_is_the_one_computed():
+    from apps.cli import build_parser
+    from planner.objective import DEVICE_MTBF_HOURS
+    # Dubey et al. 2024 §3.3.4: 16,384 GPUs x 54 days x 24 h / 419 interruptions = 50,677 h
+    assert round(DEVICE_MTBF_HOURS) == round(16384 * 54 * 24 / 419) == 50677
+    plan = next(a for a in build_parser()._subparsers._group_actions[0].choices["plan"]._actions
+                if "--mtbf-hours" in a.option_strings)
+    assert f"(default {round(DEVICE_MTBF_HOURS)}:" in plan.help
+    docs = (ROOT / "docs" / "planner.md").read_text()
+    assert f"device MTBF {round(DEVICE_MTBF_HOURS):,} h" in docs and "50,675" not in docs
+
+
+def test_docs_list_every_node_type_the_cluster_files_accept():
+    from simulator.network.cluster import node_type_names
+    docs = (ROOT / "docs" / "clusters.md").read_text()
+    for name in node_type_names():
+        assert f"\n| {name} |" in docs, name
