@@ -339,3 +339,19 @@ def test_docs_list_every_node_type_the_cluster_files_accept():
     docs = (ROOT / "docs" / "clusters.md").read_text()
     for name in node_type_names():
         assert f"\n| {name} |" in docs, name
+
+
+def test_compare_help_and_readme_count_the_plans_the_lists_hold():
+    from apps.cli import build_parser
+    from apps.compare import DEFAULT_PLANS, SWEEP
+    compare = build_parser()._subparsers._group_actions[0].choices["compare"]
+    sweep = next(a for a in compare._actions if "--sweep" in a.option_strings)
+    assert sweep.help == (f"the full sweep ({len(SWEEP)} plans, ~2-5 min) instead of the "
+                          f"{len(DEFAULT_PLANS)} default plans")
+    words = {6: "six"}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"`meshplan compare` then predicts, runs and compares {words[len(DEFAULT_PLANS)]} "
+            f"local plans (`--sweep`: {len(SWEEP)} plans over") in readme
+    validation = (ROOT / "docs" / "validation.md").read_text()
+    assert f"meshplan compare --sweep      # {len(SWEEP)} plans" in validation
+    assert f"meshplan compare              # {len(DEFAULT_PLANS)} plans" in validation
