@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``compare`` on the subcommand parser ``sub``."""
     sc = sub.add_parser("compare", help="predict, run and compare local DP/TP/PP plans")
     sc.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
-    from apps.compare import DEFAULT_PLANS, SWEEP  # the counts are the lists' own
+    from apps.compare_plans import DEFAULT_PLANS, SWEEP  # the counts are the lists' own
     sc.add_argument("--sweep", action="store_true", help=f"the full sweep ({len(SWEEP)} plans, "
                     f"~2-5 min) instead of the {len(DEFAULT_PLANS)} default plans")
     sc.add_argument("--plans", nargs="+", metavar="ID", help="only these sweep plans "

@@ -343,7 +343,7 @@ def test_docs_list_every_node_type_the_cluster_files_accept():
 
 def test_compare_help_and_readme_count_the_plans_the_lists_hold():
     from apps.cli import build_parser
-    from apps.compare import DEFAULT_PLANS, SWEEP
+    from apps.compare_plans import DEFAULT_PLANS, SWEEP
     compare = build_parser()._subparsers._group_actions[0].choices["compare"]
     sweep = next(a for a in compare._actions if "--sweep" in a.option_strings)
     assert sweep.help == (f"the full sweep ({len(SWEEP)} plans, ~2-5 min) instead of the "
