@@ -162,6 +162,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from simulator.validation.validate import validate_runs
     check_output_path("--csv", getattr(args, "csv", None))
+    check_output_path("--plot", getattr(args, "plot", None))
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         if not Path(args.runs).is_file():
             Console(stderr=True).print(f"--runs {args.runs!r}: no such file")

@@ -80,6 +80,10 @@ def _not_a_folder(tmp_path):
     (["calibrate", "--out"], "--out", "p.yaml"),
     (["demo", "--out"], "--out", "demo"),
     (["collective", "all_reduce", "--cluster", "dgx-h100", "--csv"], "--csv", "c.csv"),
+    (["validate", "--runs", "runs.csv", "--plot"], "--plot", "p.png"),
+    (["validate", "--runs", "runs.csv", "--csv"], "--csv", "v.csv"),
+    (["compare", "--csv"], "--csv", "c.csv"),
+    (["compare", "--out"], "--out", "cmp"),
 ])
 def test_an_unwritable_output_path_names_the_flag_before_any_work(capsys, tmp_path, argv,
                                                                   flag, name):
