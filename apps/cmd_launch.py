@@ -154,6 +154,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
     check_output_path("--slurm", args.slurm)
+    if args.run:    # this host runs its node's workers: their run folder is written here
+        check_output_path("--out", args.out, folder=True)
     cluster = check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
     train_args = elastic_train_args(args)
     etcd = args.rdzv_backend == "etcd-v2"
