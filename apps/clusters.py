@@ -123,6 +123,28 @@ def check_plan_dtype(pf: PlanFile, cluster: Cluster) -> None:
         raise PlanError(f"plan file: {reason}")
 
 
+def memory_overrun(pf: PlanFile, cluster: Cluster) -> str | None:
+    """None when every pipeline stage of the plan file's plan fits in `MEMORY_HEADROOM` of
+    ``cluster``'s device memory (the limit a search applies), else the search's
+    out-of-memory reason (`planner.search.out_of_memory_reason`): the worst stage's peak per
+    rank, the usable memory, the overrun and the breakdown. An edited plan file can ask for
+    more than the device holds; simulate and diff warn, export refuses."""
+    from planner.search import out_of_memory_reason
+    from planner.spec import MEMORY_HEADROOM
+    reason = out_of_memory_reason(pf.model, pf.plan, cluster, MEMORY_HEADROOM)
+    return reason or None
+
+
+def memory_warning(pf: PlanFile, cluster: Cluster, label: str = "") -> str | None:
+    """The stderr line of `memory_overrun` for an analysis that still prints its figures."""
+    reason = memory_overrun(pf, cluster)
+    if reason is None:
+        return None
+    return (f"warning: {label}{pf.plan.id} does not fit on {cluster.device.name}: {reason}; "
+            f"the figures assume it did (a smaller micro_batch, a higher zero_stage or "
+            f"recompute fits more; `meshplan plan` finds plans that fit)")
+
+
 def cluster_of_plan_file(pf: PlanFile, cpu_profile: str | None = None) -> Cluster:
     """The cluster a plan file was made for, with the profile it was predicted with, or the
     one ``cpu_profile`` (a ``--cpu-profile`` value) names instead.

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from apps.format import command_console, fmt_time_s
+from apps.format import check_output_path, command_console, fmt_time_s, print_json
 from planner.spec import PlanError
 
 
@@ -45,6 +44,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for flag, value, low in (("--ranks", args.ranks, 1), ("--iters", args.iters, 1)):
         if value is not None and value < low:
             raise PlanError(f"{flag}={value} must be >= {low} (e.g. {flag} 4)")
+    check_output_path("--out", args.out)
     models = sweep_models()
     specs = [models[name] for name in args.models] if args.models else list(models.values())
     if warning := load_warning():
@@ -74,7 +74,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                  f"--cpu-profile defaults to)")
     console.print(f"wrote {path}{where}", highlight=False)
     if args.json:
-        print(json.dumps({"profile": str(path), **mapping["calibration"]}))
+        print_json({"profile": str(path), **mapping["calibration"]})
     return 0
 
 

@@ -1,18 +1,17 @@
 """`meshplan compare`: predict, run and compare local plans on this machine (the sweep and its
 report live in `apps.compare`).
 
-    meshplan compare                      # the 5 default plans
-    meshplan compare --sweep --steps 8    # 18 plans over 1, 2 and 4 ranks
+    meshplan compare                      # the default plans (`apps.compare.DEFAULT_PLANS`)
+    meshplan compare --sweep --steps 8    # every `apps.compare.SWEEP` plan, 1, 2 and 4 ranks
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import command_console
+from apps.format import command_console, print_json
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -33,7 +32,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from apps.format import write_csv
         write_csv(result["rows"], args.csv)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     return 0
 
 
@@ -41,8 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``compare`` on the subcommand parser ``sub``."""
     sc = sub.add_parser("compare", help="predict, run and compare local DP/TP/PP plans")
     sc.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
-    sc.add_argument("--sweep", action="store_true", help="the full sweep (18 plans, ~2-5 min) "
-                    "instead of the 5 default plans")
+    from apps.compare_plans import DEFAULT_PLANS, SWEEP  # the counts are the lists' own
+    sc.add_argument("--sweep", action="store_true", help=f"the full sweep ({len(SWEEP)} plans, "
+                    f"~2-5 min) instead of the {len(DEFAULT_PLANS)} default plans")
     sc.add_argument("--plans", nargs="+", metavar="ID", help="only these sweep plans "
                     "(ids as in the table, e.g. tp1-pp1-dp4-mb2-gb8)")
     sc.add_argument("--out", default="runs/compare")

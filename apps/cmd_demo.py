@@ -12,7 +12,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from apps.cmd_compare import cmd_compare
     from apps.cmd_plan import cmd_plan
+    from apps.format import check_output_path
     from simulator.network.cpu_profile import default_profile_dir, newest_profile
+    check_output_path("--out", args.out, folder=True)
     console = Console()
     console.rule("1. plan Llama 3 70B on 64 DGX H100 nodes (512 GPUs)")
     code = cmd_plan(argparse.Namespace(

@@ -8,9 +8,9 @@ difference.
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 
-from apps.format import command_console, fmt_gib, fmt_time_s
+from apps.format import command_console, fmt_gib, fmt_time_s, print_json
 
 
 def _rows(a, b) -> list[tuple[str, str, float, float]]:
@@ -38,22 +38,57 @@ def difference_sentence(a, b, rows) -> str:
             f"change is {what}: {fmt_time_s(va)} in A, {fmt_time_s(vb)} in B.")
 
 
+def model_warning(model_a, model_b) -> str | None:
+    """None when both plan files train the same model, else the warning line that says how
+    they differ (names, or the fields of two models of one name).
+
+    >>> from planner.presets import load_model
+    >>> model_warning(load_model("tiny-gpt"), load_model("tiny-gpt")) is None
+    True
+    >>> model_warning(load_model("llama3-8b"), load_model("llama3-70b"))[:60]
+    'warning: A trains llama3-8b, B trains llama3-70b: the step t'
+    """
+    if model_a == model_b:
+        return None
+    if model_a.name != model_b.name:
+        what = f"A trains {model_a.name}, B trains {model_b.name}"
+    else:
+        fields = [f.name for f in dataclasses.fields(model_a)
+                  if getattr(model_a, f.name) != getattr(model_b, f.name)]
+        what = f"A and B both train {model_a.name!r} but its {', '.join(fields)} differ"
+    return (f"warning: {what}: the step times compare two different models, not two plans "
+            f"of one")
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
-    from apps.clusters import cluster_of_plan_file
+    from rich.console import Console
+
+    from apps.clusters import cluster_of_plan_file, memory_warning
     from planner.planfile import read_plan_file
     from simulator.step.breakdown import step_breakdown
     console = command_console(args)
     files = [read_plan_file(path) for path in (args.plan_a, args.plan_b)]
-    views = [step_breakdown(pf.model, pf.plan, cluster_of_plan_file(pf)) for pf in files]
+    clusters = [cluster_of_plan_file(pf) for pf in files]
+    warnings = Console(stderr=True, soft_wrap=True)
+    for line in [model_warning(files[0].model, files[1].model),
+                 *(memory_warning(pf, c, f"{label} = ")
+                   for label, pf, c in zip("AB", files, clusters, strict=True))]:
+        if line is not None:
+            warnings.print(line, highlight=False)
+    views = [step_breakdown(pf.model, pf.plan, c) for pf, c in zip(files, clusters, strict=True)]
     a, b = views
     rows = _rows(a, b)
     sentence = difference_sentence(a, b, rows)
     if args.json:
-        print(json.dumps({"a": {"id": files[0].plan.id, **a.to_dict()},
-                          "b": {"id": files[1].plan.id, **b.to_dict()}, "summary": sentence}))
+        print_json({label: {"id": pf.plan.id, "model": pf.model.name, "cluster": c.name,
+                            **view.to_dict()}
+                    for label, pf, c, view in zip("ab", files, clusters, views, strict=True)}
+                   | {"summary": sentence})
         return 0
     from rich.table import Table
-    table = Table(title=f"A = {files[0].plan.id}\nB = {files[1].plan.id}")
+    table = Table(title="\n".join(f"{label} = {pf.plan.id} ({pf.model.name} on {c.name}, "
+                                  f"{c.num_devices} devices)"
+                                  for label, pf, c in zip("AB", files, clusters, strict=True)))
     for header in ("part", "", "A", "B", "B - A"):
         table.add_column(header, justify="left" if header in ("part", "") else "right")
     for section, name, va, vb in rows:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
+from apps.format import print_json
 from planner.export import FRAMEWORKS
 
 
@@ -24,11 +24,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rich.console import Console
     console = Console(stderr=True)  # stdout holds only what to paste
     pf = read_plan_file(args.plan)
-    from apps.clusters import check_plan_dtype, cluster_of_plan_file
-    check_plan_dtype(pf, cluster_of_plan_file(pf))
+    from apps.clusters import check_plan_dtype, cluster_of_plan_file, memory_overrun
+    cluster = cluster_of_plan_file(pf)
+    check_plan_dtype(pf, cluster)
+    if (reason := memory_overrun(pf, cluster)) is not None:
+        if not args.allow_oom:
+            raise PlanError(f"plan {pf.plan.id} does not fit on {cluster.device.name}: "
+                            f"{reason}; the {args.to} job would stop out of memory: make a "
+                            f"plan that fits (`meshplan plan ... --out`), or give --allow-oom "
+                            f"to export it anyway")
+        console.print(f"warning: {pf.plan.id} does not fit on {cluster.device.name}: "
+                      f"{reason} (exported as --allow-oom asks)", highlight=False)
     out = export_plan(pf.model, pf.plan, args.to, steps=args.steps)
     if args.json:
-        print(json.dumps({"id": pf.plan.id, **dataclasses.asdict(out)}))
+        print_json({"id": pf.plan.id, **dataclasses.asdict(out)})
         return 0
     print(out.text, end="" if out.text.endswith("\n") else "\n")
     for reason in out.unsupported:
@@ -46,4 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "takes them (Megatron --train-iters, torchtitan training.steps)")
     sp.add_argument("--json", action="store_true", help="one JSON object: names, text, "
                     "unsupported")
+    sp.add_argument("--allow-oom", action="store_true", help="export a plan whose peak "
+                    "memory per rank exceeds the device's usable memory (refused by default: "
+                    "the job would stop out of memory)")
     sp.set_defaults(func=cmd_export)

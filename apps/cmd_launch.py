@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from apps.format import command_console
+from apps.format import check_output_path, command_console, print_json
 from planner.spec import PlanError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +153,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag}={value} must be a positive integer")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nodes:
         raise PlanError(f"--node-rank={args.node_rank} must be in 0..{args.nodes - 1}")
+    check_output_path("--slurm", args.slurm)
+    if args.run:    # this host runs its node's workers: their run folder is written here
+        check_output_path("--out", args.out, folder=True)
     cluster = check_nodes_fit(args.plan, args.nodes, getattr(args, "nproc_per_node", None))
     train_args = elastic_train_args(args)
     etcd = args.rdzv_backend == "etcd-v2"
@@ -183,7 +185,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
         out["slurm"] = str(args.slurm)
         if args.json:
-            print(json.dumps(out))
+            print_json(out)
         return 0
     if not args.rdzv_endpoint:
         raise PlanError("--rdzv-endpoint HOST:PORT is needed (or --slurm FILE)")
@@ -210,7 +212,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                         "line": shell_line(c, agent_vars)}
                        for r, c in zip(ranks, commands, strict=True)]
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
     elif not args.run:
         for r, c in zip(ranks, commands, strict=True):
             console.print(f"# node {r} of {args.nodes}", highlight=False)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from apps.clusters import add_cpu_profile_option
@@ -23,6 +22,7 @@ from apps.format import (
     fmt_pct,
     fmt_recompute,
     fmt_time_s,
+    print_json,
     print_table,
 )
 from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
@@ -70,6 +70,17 @@ def gpu_global_batch(seq_len: int) -> int:
     return max(1, 2 ** round(math.log2(DEFAULT_BATCH_TOKENS / seq_len)))
 
 
+def devices_searched(args: argparse.Namespace, cluster) -> str:
+    """The header's device count: ``'64 of 256 devices'`` under ``--devices 64``, ``'up to
+    128 of 256 devices'`` under ``--max-devices 128``, else ``'256 devices'``."""
+    n = cluster.num_devices
+    if getattr(args, "devices", None) is not None:
+        return f"{args.devices} of {n} devices"
+    if getattr(args, "max_devices", None) is not None:
+        return f"up to {min(args.max_devices, n)} of {n} devices"
+    return f"{n} devices"
+
+
 def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
     """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
     for flag in flags:
@@ -87,7 +98,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console = command_console(args)
     require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
                      "--mtbf-hours", "--node-mtbf-hours")
-    require_positive(args, "--restart-s", "--spare-delay-s", allow_zero=True)
+    require_positive(args, "--restart-s", "--spare-delay-s", "--show-rejected", allow_zero=True)
     check_straggler_flags(args)
     require_positive(args, "--top-k", "--prune")
     check_output_path("--out", args.out)
@@ -104,8 +115,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rich.console import Console
     notes = Console(stderr=True)
     notes.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
-                f"{model.seq_len}) on [bold]{cluster.name}[/] ({cluster.num_devices} devices, "
-                f"{cluster.device.name}), global batch {gb}")
+                f"{model.seq_len}) on [bold]{cluster.name}[/] ({devices_searched(args, cluster)}"
+                f", {cluster.device.name}), global batch {gb}")
     if cluster.nics_per_node == 0:
         notes.print(profile_line(cluster), highlight=False)
     with notes.status("searching every legal plan ...") as status:
@@ -127,9 +138,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
                                  + list(TRAIN_COLUMNS) if k in ranked]
-        print(json.dumps({"plans": ranked[keys].to_dict("records"),
-                          "rejected": rejected.to_dict("records"), **json_extras(result),
-                          **goodput_json(args, cluster), **train_json(args, tokens, cluster)}))
+        print_json({"plans": ranked[keys].to_dict("records"),
+                    "rejected": rejected.to_dict("records"), **json_extras(result),
+                    **goodput_json(args, cluster), **train_json(args, tokens, cluster)})
     else:
         if not ranked.empty:
             columns = dict(PLAN_TABLE)
@@ -201,7 +212,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     default="throughput", help="rank by predicted tokens/s, by tokens/s x "
                     "goodput under failures, or by wall days to train --tokens / --steps")
     sp.add_argument("--mtbf-hours", type=float,
-                    help="per-device MTBF in hours for the failure model (default 50675: "
+                    help="per-device MTBF in hours for the failure model (default 50677: "
                     "Llama 3 405B's 419 unexpected interruptions in 54 days on 16,384 GPUs, "
                     "Dubey et al. 2024 §3.3.4)")
     sp.add_argument("--node-mtbf-hours", type=float,

@@ -7,23 +7,39 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import command_console, fmt_bytes, fmt_pct, fmt_rate, fmt_time_s
+from apps.format import (
+    check_output_path,
+    command_console,
+    fmt_bytes,
+    fmt_pct,
+    fmt_rate,
+    fmt_time_s,
+    print_json,
+)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from apps.clusters import check_plan_dtype, cluster_of_plan_file, profile_line
+    from apps.clusters import (
+        check_plan_dtype,
+        cluster_of_plan_file,
+        memory_warning,
+        profile_line,
+    )
     from apps.cmd_faults import parse_stragglers
     from planner.flops import attention_flops_per_token, training_flops_per_token
     from planner.planfile import read_plan_file
     from simulator.step.simulate import simulate
     console = command_console(args)
+    check_output_path("--trace", getattr(args, "trace", None))
     pf = read_plan_file(args.plan)
     cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
     check_plan_dtype(pf, cluster)
+    if (warning := memory_warning(pf, cluster)) is not None:
+        from rich.console import Console
+        Console(stderr=True, soft_wrap=True).print(warning, highlight=False)
     stragglers = parse_stragglers(getattr(args, "straggler", None))
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
                     stragglers=stragglers)
@@ -36,7 +52,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["stragglers"] = {str(rank): factor for rank, factor in stragglers.items()}
         out["healthy_step_time_s"] = simulate(pf.model, pf.plan, cluster).step_time_s
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     console.print(f"[bold]{pf.plan.id}[/] of {pf.model.name} on {cluster.name}")
     if cluster.nics_per_node == 0:

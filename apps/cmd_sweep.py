@@ -10,9 +10,8 @@ and leaf oversubscriptions, on the local cores or on a Ray cluster.
 from __future__ import annotations
 
 import argparse
-import json
 
-from apps.format import command_console, fmt_krate, fmt_pct, print_table
+from apps.format import command_console, fmt_duration_s, fmt_krate, fmt_pct, print_json, print_table
 from planner.spec import PlanError, did_you_mean
 
 
@@ -27,7 +26,7 @@ SWEEP_TABLE = {"gpus": ("GPUs", None), "node_type": ("node type", None),
                "best": ("best plan", _or("nothing fits", str)),
                "tokens_per_s": ("ktok/s", _or("-", fmt_krate)),
                "mfu": ("MFU", _or("-", fmt_pct)),
-               "time_to_train_s": ("days", _or("-", lambda v: f"{v / 86400:.2f}")),
+               "time_to_train_s": ("healthy time", _or("-", fmt_duration_s)),
                "gpu_hours": ("GPU-h", _or("-", lambda v: f"{v:,.0f}")),
                "cost_usd": ("cost $", _or("-", lambda v: f"{v:,.0f}"))}
 
@@ -65,7 +64,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from apps.cmd_plan import gpu_global_batch
     from planner.presets import load_model
     from planner.sweep import run_sweep, sweep_grid
-    from planner.time_to_train import parse_tokens
+    from planner.time_to_train import HEALTHY_TIME, parse_tokens
     console = command_console(args)
     tokens = parse_tokens(args.tokens)
     if args.workers is not None and args.workers < 1:
@@ -95,12 +94,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows = run_sweep(args.model, points, token_budget=tokens, global_batch=gb,
                      prices=prices, workers=args.workers, ray_address=args.ray_address)
     if args.json:
-        print(json.dumps({"model": model.name, "tokens": tokens, "global_batch": gb,
-                          "points": rows}))
+        print_json({"model": model.name, "tokens": tokens, "global_batch": gb,
+                    "time_to_train": HEALTHY_TIME, "points": rows})
         return 0
     import pandas as pd
     print_table(console, pd.DataFrame(rows), f"{model.name}, {tokens:.3g} tokens, global "
-                f"batch {gb}: {len(rows)} cluster variants, fastest first", SWEEP_TABLE)
+                f"batch {gb}: {len(rows)} cluster variants, fastest first ({HEALTHY_TIME}; "
+                f"`meshplan plan --tokens` adds failures)", SWEEP_TABLE)
     return 0
 
 

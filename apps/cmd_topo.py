@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import check_output_path, print_table, write_csv
+from apps.format import check_output_path, print_json, print_table, write_csv
 from planner.spec import PlanError
 
 if TYPE_CHECKING:
@@ -109,7 +108,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
     if args.csv:
         write_csv(rows, args.csv)
     if args.json:
-        print(json.dumps({"op": op, "cluster": cluster.name, "rows": rows}))
+        print_json({"op": op, "cluster": cluster.name, "rows": rows})
         return 0
     import pandas as pd
     n = 2 if op == "send_recv" else (args.ranks or cluster.num_devices)
@@ -130,6 +129,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     from rich.console import Console  # here, not at import: `--help` stays fast
 
     from simulator.network.topology import draw_png, summary
+    check_output_path("--png", args.png)
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}
@@ -158,7 +158,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.png:
         out["png"] = draw_png(cluster, args.png, max_nodes=args.draw_nodes)
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     console = Console()
     where = f"{info['nodes']} {info['node_type']} node(s)" if info["node_type"] else "one machine"

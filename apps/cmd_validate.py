@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from apps.format import check_output_path, fmt_pct, fmt_time_s, print_table, write_csv
+from apps.format import check_output_path, fmt_pct, fmt_time_s, print_json, print_table, write_csv
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -150,7 +149,7 @@ def _held_out(args: argparse.Namespace) -> int:
                               dense=args.dense)
     kind = "leave-one-GPU-out" if args.logo else "leave-one-source-out"
     if args.json:
-        print(json.dumps({"held_out": entries, "kind": kind, "iters": args.loso_iters}))
+        print_json({"held_out": entries, "kind": kind, "iters": args.loso_iters})
     else:
         print_held_out(Console(), entries, f"{kind}, carried efficiency terms (closed form, "
                        f"{args.loso_iters} Nelder-Mead iterations per refit)")
@@ -163,6 +162,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from simulator.validation.validate import validate_runs
     check_output_path("--csv", getattr(args, "csv", None))
+    check_output_path("--plot", getattr(args, "plot", None))
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         if not Path(args.runs).is_file():
             Console(stderr=True).print(f"--runs {args.runs!r}: no such file")
@@ -184,7 +184,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         entries = loso_report(paths, args.loso_iters)
         moe = moe_rows(paths, entries)
         if args.json:
-            print(json.dumps({"loso": entries, "iters": args.loso_iters, "moe": moe}))
+            print_json({"loso": entries, "iters": args.loso_iters, "moe": moe})
         else:
             print_loso(Console(), entries, args.loso_iters)
             print_moe(Console(), moe)
@@ -204,7 +204,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             result = {**result, "by": {"fields": list(by), "groups": table.reset_index()
                                        .to_dict(orient="records"),
                                        "mape_if_unbiased": table.attrs["mape_if_unbiased"]}}
-        print(json.dumps(result))
+        print_json(result)
         return 0
     console = Console()
     for row in result["skipped"]:

@@ -7,13 +7,13 @@ This module orchestrates the library calls behind `meshplan compare`; the modell
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.clusters import cluster_from_flags, cluster_ref
-from apps.format import fmt_pct, fmt_rate, fmt_time_s, print_table
+from apps.compare_plans import DEFAULT_PLANS, SWEEP, WIDE_CHANGES
+from apps.format import dumps_json, fmt_pct, fmt_rate, fmt_time_s, print_table
 from planner.planfile import PlanFile, write_plan_file
 from planner.presets import load_model
 from planner.spec import ModelSpec, Plan, PlanError
@@ -25,41 +25,8 @@ if TYPE_CHECKING:       # pandas, matplotlib and the simulator load when a sweep
     from simulator.network.cluster import Cluster
 
 COMPARE_GLOBAL_BATCH = 8
-#: The second model shape of the sweep: wider and shallower than tiny-gpt, shorter sequences.
-WIDE_CHANGES = {"name": "tiny-gpt-wide", "num_layers": 2, "hidden": 512, "num_heads": 8,
-                "num_kv_heads": 8, "ffn_hidden": 2048, "seq_len": 64}
-#: The sweep: (model, plan fields) over world sizes 1, 2 and 4: DP, TP, PP, their pairs,
-#: micro-batch counts, recomputation on and off, ZeRO-3, a zero-bubble schedule, context
-#: parallelism.
-SWEEP: list[tuple[str, dict]] = [
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 8}),
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 2}),
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 8, "recompute": "full"}),
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 4}),
-    ("tiny-gpt", {"tp": 2, "pp": 1, "dp": 1, "micro_batch": 8}),
-    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2}),
-    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2, "recompute": "full"}),
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 4, "zero_stage": 3}),
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 4, "micro_batch": 2}),
-    ("tiny-gpt", {"tp": 2, "pp": 1, "dp": 2, "micro_batch": 4}),
-    ("tiny-gpt", {"tp": 1, "pp": 4, "dp": 1, "micro_batch": 1}),
-    ("tiny-gpt", {"tp": 2, "pp": 2, "dp": 1, "micro_batch": 2}),
-    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 2, "micro_batch": 2}),
-    ("tiny-gpt", {"tp": 4, "pp": 1, "dp": 1, "micro_batch": 8}),
-    ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 4}),
-    ("tiny-gpt-wide", {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 2}),
-    ("tiny-gpt-wide", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2}),
-    # zero bubble: ZB-V, 4 one-layer chunks in a V over 2 ranks (Qi et al. 2024 §6)
-    ("tiny-gpt", {"tp": 1, "pp": 2, "dp": 1, "micro_batch": 2, "schedule": "zb-v",
-                  "virtual_stages": 2}),
-    # context parallelism: ring attention over 2 ranks, each holding half of every sequence
-    ("tiny-gpt", {"tp": 1, "pp": 1, "dp": 1, "cp": 2, "micro_batch": 4}),
-]
-#: `meshplan compare` without --sweep: the baseline, one plan per parallelism and a
-#: zero-bubble pipeline and a context-parallel plan (6 runs).
-DEFAULT_PLANS = (0, 3, 4, 5, 17, 18)
-#: The reduced set the tests run: 1 rank, DP and PP on 2 ranks.
-REDUCED_PLANS = (0, 3, 5)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
@@ -193,7 +160,7 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
         "global_batch": COMPARE_GLOBAL_BATCH, "dtype": "fp32", "threads_per_rank": 1,
         "cores": os.cpu_count(), "load_average_1m": _load_average(),
         "measured": "median step time after the first (warm-up) step, rank 0"}}
-    (out_dir / "compare.json").write_text(json.dumps(result, indent=2))
+    (out_dir / "compare.json").write_text(dumps_json(result, indent=2))
     df = pd.DataFrame(rows)
     plot_compare(df, out_dir / "compare.png", result)
     print_table(console, df, "predicted vs measured (localhost-cpu, 1 thread per rank)",

@@ -22,6 +22,52 @@ def fmt_time_s(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def json_safe(value: object) -> object:
+    """``value`` with every float NaN or infinity (an unknown figure: no price, no failure)
+    replaced by None, recursively through dicts, lists and tuples, so that it is standard JSON
+    (RFC 8259 has no NaN); numpy scalars become Python numbers.
+
+    >>> json_safe({"cost_usd": float("nan"), "rows": [1.5, float("inf")]})
+    {'cost_usd': None, 'rows': [1.5, None]}
+    """
+    import math
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps_json(value: object, **kwargs) -> str:
+    """The one JSON writer of every ``--json`` output and JSON file: `json_safe` then
+    ``json.dumps(..., allow_nan=False)``, which raises rather than write NaN."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def print_json(value: object) -> None:
+    """Print ``value`` as one line of standard JSON on stdout (`dumps_json`)."""
+    print(dumps_json(value))
+
+
+def fmt_duration_s(seconds: float) -> str:
+    """A time to train in the largest unit that is at least one: days, hours, minutes or
+    seconds (a short budget is not '0.0 days').
+
+    >>> fmt_duration_s(26.64 * 86400), fmt_duration_s(5.3 * 3600), fmt_duration_s(754)
+    ('26.6 days', '5.3 h', '12.6 min')
+    >>> fmt_duration_s(6.24)
+    '6.2 s'
+    """
+    for unit, scale in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
 def fmt_bytes(n: float) -> str:
     """Bytes as GiB with one decimal (``'71.3 GiB'``), or MiB below 1 GiB."""
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
@@ -107,9 +153,19 @@ class SearchProgress:
 
 def check_output_path(flag: str, path: str | Path | None, *, folder: bool = False) -> None:
     """Before any work: raise `PlanError` naming ``flag`` when ``path`` cannot be written as a
-    file (``folder`` False) or used as a folder (True): the wrong kind of thing is already
-    there, or the nearest existing parent is not a writable folder. None: nothing to check."""
+    file (``folder`` False) or used as a folder (True). The check asks the operating system: it
+    creates (and removes) a probe file in the folder ``path`` goes into, or a probe folder in
+    the nearest existing parent when folders are still to be made, so the reason it gives (No
+    such file or directory, Permission denied, Read-only file system, ...) is the one the
+    write itself would meet. None: nothing to check.
+
+    Raises:
+        PlanError: ``"--out '/proc/nope/x.yaml': cannot write there (No such file or
+            directory); choose a writable folder"``, or the path is the wrong kind of thing
+            (a folder given for a file, a file for a folder).
+    """
     import os
+    import tempfile
 
     from planner.spec import PlanError
     if path is None:
@@ -120,12 +176,21 @@ def check_output_path(flag: str, path: str | Path | None, *, folder: bool = Fals
                         f"existing): give another path or remove the file")
     if not folder and path.is_dir():
         raise PlanError(f"{flag} {str(path)!r} is a folder; {flag} takes a file path")
-    parent = path if folder and path.is_dir() else path.parent
+    into = path if folder else path.parent
+    parent = into
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise PlanError(f"{flag} {str(path)!r}: {str(parent)!r} is not a writable folder; "
-                        f"give a path under one")
+    try:
+        if not folder and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(13, os.strerror(13), str(path))
+        if parent == into:
+            with tempfile.NamedTemporaryFile(dir=into, prefix=".meshplan-probe-"):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".meshplan-probe-"))
+    except OSError as exc:
+        raise PlanError(f"{flag} {str(path)!r}: cannot write there ({exc.strerror or exc}); "
+                        f"choose a writable folder") from None
 
 
 def write_csv(rows: list[dict], path: str | Path) -> Path:

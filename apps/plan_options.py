@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from apps.format import fmt_bytes, print_table
 from planner.precision import DTYPES
-from planner.spec import PlanError
+from planner.spec import MEMORY_HEADROOM, PlanError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,12 +35,13 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
                     "--global-batch); a multiple of the sequence length")
     sp.add_argument("--devices", type=int, help="use exactly this many devices (default all)")
     sp.add_argument("--max-devices", type=int, help="use at most this many devices")
-    sp.add_argument("--memory-headroom", type=float, default=0.95,
-                    help="fraction of device memory a plan may use (default 0.95)")
+    sp.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
+                    help=f"fraction of device memory a plan may use (default {MEMORY_HEADROOM})")
     sp.add_argument("--fix", action="append", default=[], metavar="FIELD=V[,V...]",
                     help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
                     "schedule, recompute, zero_stage, sequence_parallel, placement, ep, etp "
-                    "(e.g. --fix tp=8 --fix recompute=none,full --fix placement=tp.pp.dp)")
+                    "(e.g. --fix tp=8 --fix recompute=none,full); placement is the three axes "
+                    "joined by dots, innermost first (--fix placement=tp.pp.dp)")
     sp.add_argument("--dtype", choices=(*DTYPES, "any"), help="training precision: "
                     "bf16 (or fp32, tf32, fp16), or the linear GEMMs in fp8 (delayed scaling), fp8-current "
                     "(current scaling), mxfp8 or nvfp4; any: search every one the device "
@@ -72,6 +73,16 @@ def _value(name: str, text: str) -> object:
     return text
 
 
+def _check_placements(values: str) -> None:
+    # each comma-separated placement names tp, dp and pp once, joined by dots
+    from planner.spec import MESH_AXES
+    if all(sorted(v.strip().split(".")) == sorted(MESH_AXES) for v in values.split(",")):
+        return
+    raise PlanError(f"--fix placement={values}: a placement is {', '.join(MESH_AXES)} in "
+                    f"rank order joined by dots, innermost first, e.g. --fix placement=pp.dp.tp;"
+                    f" commas separate placements to search (--fix placement=tp.dp.pp,tp.pp.dp)")
+
+
 def parse_fixed(items: list[str]) -> SearchSpace:
     """``["tp=8", "recompute=none,full"]`` as a `SearchSpace`.
 
@@ -88,6 +99,8 @@ def parse_fixed(items: list[str]) -> SearchSpace:
             given = ",".join(map(str, fixed[name]))
             raise PlanError(f"--fix {name} given twice ({name}={given} and {name}={values}); "
                             f"give it once, e.g. --fix {name}={given},{values} to search both")
+        if name == "placement":
+            _check_placements(values)
         fixed[name] = tuple(_value(name, v.strip()) for v in values.split(","))
     from planner.space import SearchSpace
     return SearchSpace.from_fixed(fixed)
@@ -115,7 +128,8 @@ def search_kwargs(args: argparse.Namespace) -> dict:
     return {"space": parse_fixed(getattr(args, "fix", None) or []),
             "num_devices": getattr(args, "devices", None),
             "max_devices": getattr(args, "max_devices", None),
-            "memory_headroom": getattr(args, "memory_headroom", None) or 0.95,
+            "memory_headroom": MEMORY_HEADROOM if getattr(args, "memory_headroom", None) is None
+            else args.memory_headroom,
             "dtype": getattr(args, "dtype", None),
             "prune": getattr(args, "prune", None)}
 

@@ -98,6 +98,8 @@ def check_run_args(args) -> None:
     from runtime.config import TrainConfig
     from runtime.resilience import fault_args_error, resume_folder
     pf = read_plan_file(args.plan)
+    from apps.format import check_output_path
+    check_output_path("--out", run_folder(args.out, pf.plan.id), folder=True)
     check_runnable(pf.plan)
     from runtime.precision import machine_dtype_error
     if (problem := machine_dtype_error(pf.plan.dtype)) is not None:

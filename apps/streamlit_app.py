@@ -23,6 +23,7 @@ import streamlit as st  # noqa: E402
 
 from apps import app_views as views  # noqa: E402
 from apps.clusters import cpu_profile_help, profile_line  # noqa: E402
+from planner.objective import DEVICE_MTBF_HOURS  # noqa: E402
 from planner.presets import load_model, model_names  # noqa: E402
 from planner.search import out_of_memory_reason, search  # noqa: E402
 from planner.spec import Plan, PlanError, check_plan  # noqa: E402
@@ -31,9 +32,9 @@ from simulator.network.cluster import cluster_names  # noqa: E402
 from simulator.step.simulate import simulate  # noqa: E402
 from simulator.step.trace import chrome_trace  # noqa: E402
 
-#: Default device MTBF: Llama 3 405B pre-training saw 419 unexpected interruptions in 54 days
-#: on 16,384 H100s (Dubey et al. 2024, §3.3.4): 16,384 · 54 · 24 h / 419 ≈ 50,000 h per GPU.
-DEFAULT_DEVICE_MTBF_H = 50_000
+#: Default device MTBF: the planner's (`planner.objective.DEVICE_MTBF_HOURS`, Llama 3 405B's
+#: 419 unexpected interruptions in 54 days on 16,384 H100s, Dubey et al. 2024, §3.3.4).
+DEFAULT_DEVICE_MTBF_H = round(DEVICE_MTBF_HOURS)
 
 
 def _read_upload(key: str) -> str | None:

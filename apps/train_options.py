@@ -77,6 +77,7 @@ def train_ranked(console, result, model, cluster, args: argparse.Namespace, toke
     """Add the time-to-train columns to ``result`` (sorted by them under ``--objective
     time-to-train``, else in the order the objective gave) and print the best plan's line."""
     from apps.cmd_faults import eviction_devices, goodput_assumptions, straggler_clause
+    from apps.format import fmt_duration_s
     from planner.time_to_train import rank_by_time_to_train
     sort = getattr(args, "objective", "throughput") == "time-to-train"
     result = rank_by_time_to_train(
@@ -87,7 +88,8 @@ def train_ranked(console, result, model, cluster, args: argparse.Namespace, toke
         best = result.ranked.iloc[0]
         cost = "" if best["cost_usd"] != best["cost_usd"] else f", ${best['cost_usd']:,.0f}"
         console.print(
-            f"{fmt_tokens(tokens)} tokens on {best['id']}: {best['wall_days']:.1f} days, "
+            f"{fmt_tokens(tokens)} tokens on {best['id']}: "
+            f"{fmt_duration_s(best['wall_days'] * 86400)} wall time, "
             f"{best['gpu_hours']:,.0f} GPU-hours{cost}, goodput {best['goodput']:.1%} (job "
             f"MTBF {best['job_mtbf_s'] / 3600:.2f} h, checkpoint {best['checkpoint_s']:.1f} s "
             f"every {best['checkpoint_interval_s'] / 60:.1f} min; {straggler_clause(best)})",
@@ -105,10 +107,10 @@ def fmt_tokens(tokens: float) -> str:
 
 def train_table_columns() -> dict:
     """Columns a token budget adds to the `plan` table: key -> (header, formatter)."""
-    from apps.format import fmt_pct
+    from apps.format import fmt_duration_s, fmt_pct
     return {"goodput": ("goodput", fmt_pct), "straggler_loss": ("straggler", fmt_pct),
             "straggler_policy": ("on straggler", None),
-            "wall_days": ("days", lambda d: f"{d:.1f}"),
+            "wall_days": ("wall time", lambda d: fmt_duration_s(d * 86400)),
             "gpu_hours": ("GPU-h", lambda h: f"{h:,.0f}"),
             "cost_usd": ("cost $", lambda c: "" if c != c else f"{c:,.0f}")}
 
@@ -118,6 +120,7 @@ def train_json(args: argparse.Namespace, tokens: float | None, cluster=None) -> 
     if tokens is None:
         return {}
     from apps.cmd_faults import goodput_assumptions
-    return {"train_assumptions": {"tokens": tokens,
+    from planner.time_to_train import WALL_TIME
+    return {"train_assumptions": {"tokens": tokens, "time_to_train": WALL_TIME,
                                   "gpu_hour_usd": getattr(args, "gpu_hour_usd", None),
                                   **goodput_assumptions(args, cluster)}}

@@ -96,6 +96,7 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
     elif _MEGATRON_ORDERS[plan.placement]:
         add(_MEGATRON_ORDERS[plan.placement])
     _megatron_model(model, add)
+    _megatron_experts(model, add, out.unsupported)
     if steps is not None:
         add("--train-iters", steps)
     out.names = [flag for flag, _ in args]
@@ -154,10 +155,41 @@ def _megatron_model(model: ModelSpec, add) -> None:
     add("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
     if not model.tied_embeddings:
         add("--untie-embeddings-and-output-weights")
-    if getattr(model, "num_experts", 0):
-        add("--num-experts", model.num_experts)
-        add("--moe-router-topk", model.experts_per_token)
-        add("--moe-ffn-hidden-size", model.moe_ffn_hidden)
+
+
+def _megatron_experts(model: ModelSpec, add, unsupported: list[str]) -> None:
+    # The mixture of experts as Megatron-Core's MoE arguments (TransformerConfig's moe_*
+    # fields and _add_moe_args): experts, top-k, widths, shared experts, which blocks are MoE,
+    # the router's score function, group-limited routing and the capacity factor.
+    if not model.is_moe:
+        return
+    add("--num-experts", model.num_experts)
+    add("--moe-router-topk", model.experts_per_token)
+    add("--moe-ffn-hidden-size", model.expert_hidden)
+    if model.num_shared_experts:
+        # "num_shared_experts * ffn_size_of_each_shared_expert" (TransformerConfig)
+        add("--moe-shared-expert-intermediate-size",
+            model.num_shared_experts * model.expert_hidden)
+    if model.moe_first_dense_layers:
+        # a pattern string, quoted for the shell: 1 = MoE block, 0 = dense
+        layers = [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+        dense, moe = model.moe_first_dense_layers, model.num_layers - model.moe_first_dense_layers
+        pattern = f"[0]*{dense}+[1]*{moe}" if all(layers[dense:]) else \
+            "[" + ",".join(map(str, layers)) + "]"
+        add("--moe-layer-freq", f'"{pattern}"')
+    elif model.moe_layer_freq > 1:
+        add("--moe-layer-freq", model.moe_layer_freq)   # block i is MoE when i % N == 0
+    if model.router != "softmax":
+        add("--moe-router-score-function", model.router)
+    if model.router_groups > 1:
+        add("--moe-router-num-groups", model.router_groups)
+        add("--moe-router-group-topk", model.router_group_topk)
+    if model.capacity_factor is not None:
+        add("--moe-expert-capacity-factor", model.capacity_factor)
+    if model.is_mla:
+        unsupported.append(f"multi-head latent attention (kv_lora_rank={model.kv_lora_rank}, "
+                           f"q_lora_rank={model.q_lora_rank}): set --multi-latent-attention "
+                           f"and its head dimensions by hand")
 
 
 def _toml_value(value: object) -> str:
@@ -287,9 +319,14 @@ def to_deepspeed(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> E
         out.unsupported.append(f"dtype={plan.dtype}: DeepSpeed has no low-precision GEMM "
                                "setting; those come from Transformer Engine layers in the "
                                "model code")
-    if getattr(plan, "ep", 1) > 1:
-        out.unsupported.append(f"ep={plan.ep}: experts are sharded in code "
-                               f"(deepspeed.moe.layer.MoE(ep_size={plan.ep})), not in the JSON")
+    if model.is_moe:
+        shared = (f"; {model.num_shared_experts} shared expert(s) have no key either, the "
+                  f"nearest in code is MoE(use_residual=True), Residual MoE"
+                  if model.num_shared_experts else "")
+        out.unsupported.append(
+            f"num_experts={model.num_experts}: experts are built in code "
+            f"(deepspeed.moe.layer.MoE(num_experts={model.num_experts}, "
+            f"ep_size={plan.ep}, k={model.experts_per_token})), not in the JSON{shared}")
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
         if plan.zero_stage == 3:

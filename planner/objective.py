@@ -65,7 +65,7 @@ WRITER_BANDWIDTH_BPS = 2e9
 RESTART_S = 300.0
 #: Llama 3 405B pre-training: 419 unexpected interruptions in a 54-day snapshot on 16,384
 #: H100 GPUs (Dubey et al. 2024, §3.3.4, Table 5), i.e. a job MTBF of 54·24/419 = 3.09 h and
-#: a per-GPU MTBF of 16,384 × 3.09 h = 50,675 h when every interruption is charged to a GPU.
+#: a per-GPU MTBF of 16,384 × 54·24 / 419 = 50,677 h when every interruption is charged to a GPU.
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
 DEVICE_MTBF_HOURS = LLAMA3_GPUS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS
 #: Straggler episodes per device-hour (slow, not failed, devices). Falcon (T. Wu et al.,

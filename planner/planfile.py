@@ -176,6 +176,16 @@ def write_plan_file(path: str | Path, plan_file: PlanFile) -> Path:
     return path
 
 
+def _other_file_kind(data: dict) -> str | None:
+    # 'model' or 'cluster' when a mapping without the plan file's blocks has that file's keys
+    if "plan" in data or "schema_version" in data:
+        return None
+    if "kind" in data or "node_type" in data or "nic" in data:
+        return "cluster"
+    model_keys = {f.name for f in dataclasses.fields(ModelSpec)}
+    return "model" if model_keys & set(data) else None
+
+
 def read_plan_file(path: str | Path) -> PlanFile:
     """Read and validate a plan file.
 
@@ -191,8 +201,16 @@ def read_plan_file(path: str | Path) -> PlanFile:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise PlanError(f"plan file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        raise PlanError(f"plan file {path} is empty; write one with "
+                        f"`meshplan plan ... --out {path}`")
     if not isinstance(data, dict):
         raise PlanError(f"plan file {path} must hold a mapping, got {type(data).__name__}")
+    kind = _other_file_kind(data)
+    if kind is not None:
+        raise PlanError(f"plan file {path} looks like a {kind} file, not a plan file (a plan "
+                        f"file has schema_version, model, plan and cluster); make one with "
+                        f"`meshplan plan --model ... --cluster ... --out plan.yaml`")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise PlanError(f"plan file {path}: schema_version={version!r} is not supported; "

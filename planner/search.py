@@ -20,7 +20,7 @@ import pandas as pd
 
 from planner.precision import search_dtypes
 from planner.space import Rejection, SearchSpace, enumerate_candidates
-from planner.spec import ModelSpec, Plan, PlanError
+from planner.spec import MEMORY_HEADROOM, ModelSpec, Plan, PlanError
 from simulator.network.cluster import Cluster
 from simulator.step.costs import DEFAULT_OPTIONS, compute_lower_bounds_s, step_lower_bound_s
 from simulator.step.memory import MemoryBreakdown, worst_stage_memory
@@ -81,9 +81,21 @@ class SearchResult:
 
 
 def memory_reason(need: MemoryBreakdown, stage: int, limit_bytes: float) -> str:
-    """The out-of-memory reason with the breakdown of the worst stage."""
-    return (f"out of memory: stage {stage} needs {need.total_bytes / GiB:.1f} GiB, device has "
-            f"{limit_bytes / GiB:.1f} GiB usable (weights {need.weights_bytes / GiB:.1f}, "
+    """The out-of-memory reason with the breakdown of the worst stage; the need and the limit
+    get as many decimals as it takes to tell them apart, and the overrun is stated.
+
+    >>> need = MemoryBreakdown(weights_bytes=70.83 * GiB, gradients_bytes=0, optimizer_bytes=0,
+    ...                        activations_bytes=0, overhead_bytes=0)
+    >>> memory_reason(need, 0, 70.78 * GiB)[:86]
+    'out of memory: stage 0 needs 70.83 GiB, device has 70.78 GiB usable, 51.2 MiB over (we'
+    """
+    over = need.total_bytes - limit_bytes
+    digits = next((d for d in (1, 2, 3) if round(need.total_bytes / GiB, d)
+                   != round(limit_bytes / GiB, d)), 3)
+    over_text = (f"{over / GiB:.1f} GiB" if over >= GiB else f"{over / 2**20:.1f} MiB")
+    return (f"out of memory: stage {stage} needs {need.total_bytes / GiB:.{digits}f} GiB, "
+            f"device has {limit_bytes / GiB:.{digits}f} GiB usable, {over_text} over "
+            f"(weights {need.weights_bytes / GiB:.1f}, "
             f"gradients {need.gradients_bytes / GiB:.1f}, optimizer "
             f"{need.optimizer_bytes / GiB:.1f}, activations {need.activations_bytes / GiB:.1f}, "
             f"overhead {need.overhead_bytes / GiB:.1f})")
@@ -296,7 +308,7 @@ def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPr
 
 def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = None,
            global_batch_tokens: int | None = None, num_devices: int | None = None,
-           max_devices: int | None = None, top_k: int = 20, memory_headroom: float = 0.95,
+           max_devices: int | None = None, top_k: int = 20, memory_headroom: float = MEMORY_HEADROOM,
            dtype: str | None = None, micro_batches: tuple[int, ...] | None = None,
            recompute: tuple[str, ...] | None = None, space: SearchSpace | None = None,
            overlap_dp: bool = False, explain: bool = True,

@@ -338,12 +338,27 @@ def expert_splits(model: ModelSpec, space: SearchSpace, tp: int, attn: int
         for ep in eps:
             if model.num_experts % ep or model.expert_hidden % etp or attn % (ep * etp):
                 if space.ep is not None or space.etp is not None:
-                    yield Rejection(id=f"ep{ep}-etp{etp}", kind="ep", reason=(
-                        f"ep={ep}, etp={etp}: ep must divide num_experts={model.num_experts},"
-                        f" etp the expert width {model.expert_hidden}, and etp*ep = {ep * etp}"
-                        f" the attention ranks tp*cp*dp = {attn}"))
+                    yield Rejection(id=f"ep{ep}-etp{etp}", kind="ep",
+                                    reason=_expert_split_reason(model, ep, etp, attn))
                 continue
             yield ep, etp
+
+
+def _expert_split_reason(model: ModelSpec, ep: int, etp: int, attn: int) -> str:
+    """The rules an (ep, etp) pair breaks, each stated whole: ep divides the experts, etp the
+    expert width, and etp*ep the attention ranks (Megatron-Core's MoE parallel folding).
+
+    >>> from planner.presets import load_model
+    >>> _expert_split_reason(load_model("mixtral-8x7b"), 2, 1, 1)
+    'ep=2, etp=1: etp*ep = 2 must divide the attention ranks tp*cp*dp = 1'
+    """
+    broken = [f"ep must divide num_experts={model.num_experts}"
+              if model.num_experts % ep else "",
+              f"etp must divide the expert width {model.expert_hidden}"
+              if model.expert_hidden % etp else "",
+              f"etp*ep = {ep * etp} must divide the attention ranks tp*cp*dp = {attn}"
+              if attn % (ep * etp) else ""]
+    return f"ep={ep}, etp={etp}: " + "; ".join(b for b in broken if b)
 
 
 def _virtual(model: ModelSpec, space: SearchSpace, pp: int) -> list[tuple[str, int]]:

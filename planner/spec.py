@@ -40,6 +40,10 @@ Router = Literal["softmax", "sigmoid"]
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2,
                                "fp8-current": 2, "mxfp8": 2, "nvfp4": 2}
 
+#: Fraction of device memory a plan may use by default: the rest is left to the CUDA context,
+#: NCCL's buffers and the allocator's fragmentation, which the memory model does not count.
+MEMORY_HEADROOM = 0.95
+
 #: Axis names of a plan's device mesh, the order `placement` permutes.
 MESH_AXES = ("tp", "dp", "pp")
 

@@ -15,6 +15,12 @@ import re
 from planner.objective import rank_by_goodput
 from planner.spec import ModelSpec, PlanError
 
+#: The two times to train a budget, named wherever one is printed: `meshplan plan --tokens`
+#: reports the wall time (its failure model's goodput), `meshplan sweep` the healthy time of
+#: each cluster design (a sweep compares designs, and the failure assumptions are a plan's).
+WALL_TIME = "wall time = tokens / (tokens/s x goodput): failures, checkpoints, restarts"
+HEALTHY_TIME = "healthy time = tokens / tokens/s: no failures, checkpoints or restarts"
+
 #: Columns `rank_by_time_to_train` adds to the ranked table (besides the goodput columns).
 TRAIN_COLUMNS = ("train_tokens", "wall_days", "gpu_hours", "cost_usd")
 _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}

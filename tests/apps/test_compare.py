@@ -8,14 +8,8 @@ import json
 
 import pytest
 
-from apps.compare import (
-    REDUCED_PLANS,
-    SWEEP,
-    compare,
-    plan_indices,
-    summarize_rows,
-    sweep_plans,
-)
+from apps.compare import compare, plan_indices, summarize_rows, sweep_plans
+from apps.compare_plans import REDUCED_PLANS, SWEEP
 from planner.spec import PlanError
 
 

@@ -169,3 +169,63 @@ def test_context_parallel_rows_get_their_own_table(tmp_path, capsys):
     assert (result["rows"][0]["cp"], result["rows"][0]["seq_len"]) == (2, 8192)
     assert result["mape"] == pytest.approx(abs(result["rows"][0]["rel_error"]))
     assert [r["id"] for r in validate_runs(path)["rows"]] == ["c", "d"]
+
+
+def test_a_blank_required_cell_is_named_as_the_skip_reason(tmp_path):
+    path = _write(tmp_path, [_row(id="ok", gpu="A100 80GB"),
+                             _row(id="blank", gpu="A100 80GB", ref_step_time_s="")])
+    reasons = {s["id"]: s["reason"] for s in validate_runs(path)["skipped"]}
+    assert reasons == {"blank": "ref_step_time_s is empty; fill it in (the row cannot be "
+                                "simulated without it)"}
+
+
+@pytest.mark.parametrize("cells, message", [
+    ({"ref_step_time_s": "0"}, "runs.csv bad: ref_step_time_s='0' is not a step time > 0; "
+                               "give the measured seconds per step"),
+    ({"ref_step_time_s": "-2.9"}, "runs.csv bad: ref_step_time_s='-2.9' is not a step time"),
+    ({"layers": "forty"}, "runs.csv bad: layers='forty' is not a whole number > 0; give the "
+                          "count (e.g. 40)"),
+    ({"tp": "2.5"}, "runs.csv bad: tp='2.5' is not a whole number > 0"),
+    # 8 GPUs stated, tp*cp*pp*dp = 1*1*1*4 = 4: the row would silently run on 4
+    ({"dp": "4"}, "runs.csv bad: num_gpus=8 but tp*cp*pp*dp = 1*1*1*4 = 4 (ep adds no "
+                  "ranks); give num_gpus 4, or dp=8 for 8 GPUs"),
+])
+def test_a_malformed_cell_refuses_the_table_before_any_row_runs(tmp_path, cells, message):
+    # the good row first: the whole table is refused, not just the bad row skipped
+    path = _write(tmp_path, [_row(id="ok", gpu="A100 80GB"),
+                             _row(id="bad", gpu="A100 80GB", **cells)])
+    with pytest.raises(PlanError) as info:
+        validate_runs(path)
+    assert str(info.value).startswith(message)
+
+
+def test_expert_parallelism_adds_no_ranks_to_num_gpus(tmp_path):
+    # Megatron-Core folds ep into the data-parallel ranks: 8 GPUs = tp1*pp1*dp8 with ep 8
+    path = _write(tmp_path, [_row(id="moe", gpu="H100 SXM", model="Mixtral 8x7B",
+                                  layers=32, hidden=4096, heads=32, kv_heads=8,
+                                  ffn_hidden=14336, vocab=32000, seq_len=4096,
+                                  notes="num_experts=8;top_k=2;ep=8")])
+    plan = read_runs(path)[0].plan
+    assert (plan.ep, plan.world_size) == (8, 8)
+
+
+def test_a_table_whose_every_row_is_skipped_is_an_error(tmp_path):
+    path = _write(tmp_path, [_row(id="x003", gpu="TPU-v5")])
+    with pytest.raises(PlanError, match=r"^runs.csv: no row could be simulated; x003: "
+                                        r"gpu='TPU-v5' has no device profile"):
+        validate_runs(path)
+
+
+@pytest.mark.parametrize("header", ["a,b,c\n", "a,b,c\n1,2,3\n"])
+def test_the_header_message_shows_the_header_read(tmp_path, header):
+    path = tmp_path / "hdr.csv"
+    path.write_text(header)
+    with pytest.raises(PlanError, match=r"^hdr.csv: header a,b,c is neither the published-runs"):
+        read_runs(path)
+
+
+def test_a_fallback_framework_is_one_settings_line(tmp_path):
+    path = _write(tmp_path, [_row(id="x", gpu="H100 SXM", source="my cluster")])
+    flags = [f for f in read_runs(path)[0].flags if f.startswith("framework=")]
+    assert flags == ["framework=megatron-core (default: the source names no known framework;"
+                     " presets/frameworks/megatron-core.yaml)"]
