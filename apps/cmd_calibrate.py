@@ -48,7 +48,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     models = sweep_models()
     specs = [models[name] for name in args.models] if args.models else list(models.values())
     if warning := load_warning():
-        console.print(warning, highlight=False)
+        console.print(warning, highlight=False, markup=False)
     console.print(f"calibrating this machine for {', '.join(s.name for s in specs)}: compute "
                   f"with 1..{args.ranks} processes at once, gloo on up to {args.ranks} ranks "
                   f"(1 thread per rank)", highlight=False)
@@ -72,7 +72,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                   f"{mapping['calibration']['seconds']:.0f} s", highlight=False)
     where = "" if args.out else (f" (the newest in {default_profile_dir()} is what "
                                  f"--cpu-profile defaults to)")
-    console.print(f"wrote {path}{where}", highlight=False)
+    console.print(f"wrote {path}{where}", highlight=False, markup=False)
     if args.json:
         print_json({"profile": str(path), **mapping["calibration"]})
     return 0

@@ -34,14 +34,14 @@ def cmd_export(args: argparse.Namespace) -> int:
                             f"plan that fits (`meshplan plan ... --out`), or give --allow-oom "
                             f"to export it anyway")
         console.print(f"warning: {pf.plan.id} does not fit on {cluster.device.name}: "
-                      f"{reason} (exported as --allow-oom asks)", highlight=False)
+                      f"{reason} (exported as --allow-oom asks)", highlight=False, markup=False)
     out = export_plan(pf.model, pf.plan, args.to, steps=args.steps)
     if args.json:
         print_json({"id": pf.plan.id, **dataclasses.asdict(out)})
         return 0
     print(out.text, end="" if out.text.endswith("\n") else "\n")
     for reason in out.unsupported:
-        console.print(f"not expressed in {args.to}: {reason}", highlight=False)
+        console.print(f"not expressed in {args.to}: {reason}", highlight=False, markup=False)
     return 0
 
 

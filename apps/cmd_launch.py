@@ -182,7 +182,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                transport=cluster.transport if cluster else "",
                                socket_ifname=args.socket_ifname, gid_index=args.gid_index)
         Path(args.slurm).write_text(script, encoding="utf-8")
-        console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False)
+        console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False, markup=False)
         out["slurm"] = str(args.slurm)
         if args.json:
             print_json(out)
@@ -215,7 +215,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print_json(out)
     elif not args.run:
         for r, c in zip(ranks, commands, strict=True):
-            console.print(f"# node {r} of {args.nodes}", highlight=False)
+            console.print(f"# node {r} of {args.nodes}", highlight=False, markup=False)
             print(shell_line(c, agent_vars), flush=True)
     if args.run:
         return subprocess.run(commands[0], env=launch_env(elastic), check=False).returncode

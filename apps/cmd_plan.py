@@ -114,8 +114,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # `| head` then costs no plan file.
     from rich.console import Console
     notes = Console(stderr=True)
-    notes.print(f"[bold]{model.name}[/] ({fmt_params(model.num_params())} params, seq "
-                f"{model.seq_len}) on [bold]{cluster.name}[/] ({devices_searched(args, cluster)}"
+    from rich.markup import escape  # names and errors are text, not markup
+    notes.print(f"[bold]{escape(model.name)}[/] ({fmt_params(model.num_params())} params, seq "
+                f"{model.seq_len}) on [bold]{escape(cluster.name)}[/] ({devices_searched(args, cluster)}"
                 f", {cluster.device.name}), global batch {gb}")
     if cluster.nics_per_node == 0:
         notes.print(profile_line(cluster), highlight=False)
@@ -172,10 +173,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for kind in (oom, ~oom):
             if kind.any():
                 row = rejected[kind].iloc[0]
-                console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False)
+                console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False, markup=False)
     report(console, args, result)
     if args.out:  # no legal plan: `best` raises, naming the commonest reasons
-        console.print(f"wrote {args.out} ({result.best.id})")
+        console.print(f"wrote {args.out} ({result.best.id})", markup=False)
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
     # blocks them), so this is bad input, exit 2, also with --json.
     return 0 if not ranked.empty else 2

@@ -8,11 +8,10 @@ configuration is echoed and saved beside the run's outputs (`apps.run_config`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from apps.cmd_faults import add_run_fault_args
-from apps.format import command_console, fmt_rate, fmt_time_s
+from apps.format import command_console, fmt_rate, fmt_time_s, print_json
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -40,11 +39,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 128 + exc.signum
     except RunFailed as exc:              # one line; the tracebacks are in the run's logs/
         if args.json:
-            print(json.dumps(exc.summary))
+            print_json(exc.summary)
         print(exc.line, file=sys.stderr, flush=True)
         return 1
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
                       f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"

@@ -39,7 +39,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_plan_dtype(pf, cluster)
     if (warning := memory_warning(pf, cluster)) is not None:
         from rich.console import Console
-        Console(stderr=True, soft_wrap=True).print(warning, highlight=False)
+        Console(stderr=True, soft_wrap=True).print(warning, highlight=False, markup=False)
     stragglers = parse_stragglers(getattr(args, "straggler", None))
     pred = simulate(pf.model, pf.plan, cluster, trace=bool(getattr(args, "trace", None)),
                     stragglers=stragglers)
@@ -54,7 +54,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
-    console.print(f"[bold]{pf.plan.id}[/] of {pf.model.name} on {cluster.name}")
+    from rich.markup import escape  # names and errors are text, not markup
+    console.print(f"[bold]{pf.plan.id}[/] of {escape(pf.model.name)} on {escape(cluster.name)}")
     if cluster.nics_per_node == 0:
         console.print(f"  {profile_line(cluster)}", highlight=False)
     if stragglers:

@@ -162,7 +162,8 @@ def cmd_topo(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     where = f"{info['nodes']} {info['node_type']} node(s)" if info["node_type"] else "one machine"
-    console.print(f"[bold]{info['name']}[/]: {info['devices']} x {info['device']} on {where}",
+    from rich.markup import escape  # names and errors are text, not markup
+    console.print(f"[bold]{escape(info['name'])}[/]: {info['devices']} x {info['device']} on {where}",
                   highlight=False)
     _print_profile(console, cluster)
     intra = info["intra"] + (f", {info['intra_bandwidth_Bps'] / 1e9:g} GB/s per GPU"
@@ -199,7 +200,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
                      "crossing_node": ("cross nodes", None), "max_nodes": ("max nodes", None),
                      "crossing_leaf": ("cross leaves", None)})
     if args.png:
-        console.print(f"wrote {args.png}")
+        console.print(f"wrote {args.png}", markup=False)
     return 0
 
 

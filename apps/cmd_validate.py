@@ -165,20 +165,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     check_output_path("--plot", getattr(args, "plot", None))
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         if not Path(args.runs).is_file():
-            Console(stderr=True).print(f"--runs {args.runs!r}: no such file")
+            Console(stderr=True).print(f"--runs {args.runs!r}: no such file", markup=False)
             return 2
         return _held_out(args)
     if getattr(args, "loso", False):
         if args.loso_iters < 0:
             Console(stderr=True).print(f"--loso-iters {args.loso_iters}: give 0 or more "
-                                       f"(0: the efficiency.yaml entries, no refit)")
+                                       f"(0: the efficiency.yaml entries, no refit)", markup=False)
             return 2
         paths = [args.runs, *(args.loso_with or [])]
         missing = [p for p in paths if not Path(p).is_file()]
         if missing:
             Console(stderr=True).print(f"--runs / --with {missing[0]!r}: no such file; give "
                                        f"published_runs.csv, published_benchmarks.csv or a "
-                                       f"vTrain ground_truth_*.csv")
+                                       f"vTrain ground_truth_*.csv", markup=False)
             return 2
         from apps.validate_moe import moe_rows, print_moe
         entries = loso_report(paths, args.loso_iters)
@@ -209,9 +209,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console = Console()
     for row in result["skipped"]:
         console.print(f"skipped {row['id']}: {row['reason']}", highlight=False,
-                      soft_wrap=True)
+                      soft_wrap=True, markup=False)
     if not result["rows"]:
-        console.print(f"{args.runs}: no row could be simulated", highlight=False)
+        console.print(f"{args.runs}: no row could be simulated", highlight=False, markup=False)
         return 1
     import pandas as pd
     df = pd.DataFrame(result["rows"])

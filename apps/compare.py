@@ -139,7 +139,8 @@ def compare(*, steps: int = 12, out_dir: Path = Path("runs/compare"),
                                timeout_s=timeout_s)
         except RuntimeError as exc:       # keep the sweep going; the failure is reported
             failed.append({"id": rid, "error": str(exc).splitlines()[0]})
-            console.print(f"  [red]failed:[/] {failed[-1]['error']}", highlight=False)
+            from rich.markup import escape  # names and errors are text, not markup
+            console.print(f"  [red]failed:[/] {escape(failed[-1]['error'])}", highlight=False)
             continue
         measured = summary["step_time_s"]
         rows.append({"id": rid, "model": model.name, "world_size": plan.world_size,

@@ -147,7 +147,7 @@ def report(console: Console, args: argparse.Namespace, result) -> None:
         result.ranked.to_csv(folder / "ranked.csv", index=False)
         result.rejected.to_csv(folder / "rejected.csv", index=False)
         console.print(f"wrote {folder / 'ranked.csv'} and {folder / 'rejected.csv'}",
-                      highlight=False)
+                      highlight=False, markup=False)
     if args.json:
         return
     per_kind = getattr(args, "show_rejected", 0)
