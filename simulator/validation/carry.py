@@ -13,7 +13,7 @@ terms its datasheet gives (docs/validation.md, "Efficiency across generations"):
 * from the datasheet: peak FLOP/s per dtype, HBM bandwidth, SM count (wave quantisation);
 * from the generation's published attention-kernel benchmark, in the device's own
   ``efficiency.yaml`` entry: ``flash_fraction`` (the attention kernel's rate relative to a
-  GEMM; FlashAttention-2's 35% of the H100 peak on Hopper, cuDNN's 54.6% of the B200 peak on
+  GEMM; FlashAttention-2's 35% of the H100 peak on Hopper, on Blackwell cuDNN's 54.6% of the B200 peak times the share of cuDNN's benchmark Hopper training reaches, on
   Blackwell, where FlashAttention-2 / -3 do not run). Neither carried nor refitted: which
   kernel a generation runs is a fact about its software, not an efficiency to fit.
 
@@ -54,8 +54,8 @@ def carried_efficiency(ref: Efficiency, ref_device: DeviceProfile,
     >>> e = carried_efficiency(load_efficiency("h100-sxm-80gb"), h100, b200)
     >>> e.num_sms, round(e.gemm_half_flops / 8.372e8, 3)  # 148 SMs; x 2250/989
     (148, 2.275)
-    >>> e.flash_fraction  # cuDNN on Blackwell: 0.546 / 0.713 (efficiency.yaml)
-    0.766
+    >>> e.flash_fraction  # cuDNN on Blackwell: 0.663 x 0.546 / 0.713 (efficiency.yaml)
+    0.508
     """
     ratio = device.peak("bf16") / ref_device.peak("bf16")
     own = load_efficiency(device.name)
