@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from planner.mesh import rank_coords
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan, PlanError
-from runtime.health import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
+from planner.stragglers import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
 
 # The simulator's modules are imported in the functions that use them: the CLI's --help
 # prints this module's defaults and must not load the simulator (tests/apps/test_cli.py).
@@ -77,7 +77,7 @@ DEVICE_MTBF_HOURS = LLAMA3_GPUS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS
 #: ``--straggler-rate`` from your fleet's telemetry.
 STRAGGLER_RATE_PER_DEVICE_HOUR = 1.0 / DEVICE_MTBF_HOURS
 #: Slowdown of a straggler: the mildest one the runtime's detector confirms, 1 / its relative
-#: score threshold (`runtime.health.STRAGGLER_THRESHOLD` = 0.7, nvidia-resiliency-ext's
+#: score threshold (`planner.stragglers.STRAGGLER_THRESHOLD` = 0.7, nvidia-resiliency-ext's
 #: ``gpu_relative_perf_threshold``), so 1.43x.
 STRAGGLER_FACTOR = 1.0 / STRAGGLER_THRESHOLD
 #: Columns `rank_by_goodput` adds to the ranked table (SI units, fractions). ``goodput`` is

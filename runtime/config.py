@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from planner.spec import PlanError
+from planner.stragglers import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
 from runtime.faults import ON_NAN, fault_flags_error
-from runtime.health import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
 from runtime.model import ATTENTION_IMPLS
 
 

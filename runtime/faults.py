@@ -111,7 +111,8 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
 
 def add_straggler_args(parser: argparse.ArgumentParser) -> None:
     """``--straggler-threshold``, ``--straggler-window``, ``--on-straggler`` (`runtime.health`)."""
-    from runtime.health import ON_STRAGGLER, STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
+    from planner.stragglers import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
+    from runtime.health import ON_STRAGGLER
     parser.add_argument("--straggler-threshold", type=float, default=STRAGGLER_THRESHOLD,
                         metavar="SCORE",
                         help="relative performance score (peers' median compute time over "
@@ -334,7 +335,7 @@ def fault_cli_args(*, checkpoint_every: int = 0, keep: int = 2, resume=None,
                    straggler_window: int | None = None,
                    on_straggler: str = "warn") -> list[str]:
     """``runtime.train`` flags for the fault-tolerance options (defaults give [])."""
-    from runtime.health import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
+    from planner.stragglers import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
     args: list[str] = []
     if checkpoint_every:
         args += ["--checkpoint-every", str(checkpoint_every)]

@@ -27,11 +27,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-#: Relative performance score below which a rank is slow (nvidia-resiliency-ext's default
-#: ``gpu_relative_perf_threshold``).
-STRAGGLER_THRESHOLD = 0.7
-#: Consecutive slow steps that confirm a straggler.
-STRAGGLER_WINDOW = 5
+from planner.stragglers import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW
+
 #: What a confirmed straggler triggers: a warning, or eviction and a re-planned resume.
 ON_STRAGGLER = ("warn", "evict")
 
