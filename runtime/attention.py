@@ -29,7 +29,7 @@ M key length, d head dim.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
@@ -171,6 +171,17 @@ class TiledAttention(torch.autograd.Function):
                 None, None, None, None)
 
 
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(size: int) -> ThreadPoolExecutor:
+    """The process's thread pool of ``size`` workers, made once: a pool per call started and
+    joined its threads every attention call (every ring step under context parallelism)."""
+    if size not in _POOLS:
+        _POOLS[size] = ThreadPoolExecutor(size, thread_name_prefix="meshplan-attention")
+    return _POOLS[size]
+
+
 def _over_heads(work, bh: int) -> None:
     """Run ``work(lo, hi)`` over the heads [0, bh) of the (B·Hk, ...) layout, split evenly over
     ``torch.get_num_threads()`` threads, each running its tiles single-threaded.
@@ -196,12 +207,14 @@ def _over_heads(work, bh: int) -> None:
 
     torch.set_num_threads(1)
     try:
-        with ThreadPoolExecutor(workers - 1) as pool:
-            futures = [pool.submit(worker, bounds[i], bounds[i + 1])
-                       for i in range(1, workers)]
+        pool = _pool(workers - 1)
+        futures = [pool.submit(worker, bounds[i], bounds[i + 1]) for i in range(1, workers)]
+        try:
             work(bounds[0], bounds[1])
-            for future in futures:
-                future.result()
+        finally:
+            wait(futures)            # every share ends before the threads' count is restored
+        for future in futures:
+            future.result()
     finally:
         torch.set_num_threads(threads)
 
