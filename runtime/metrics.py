@@ -103,7 +103,18 @@ def comm_time_s(events, start_us: float, end_us: float) -> float:
 
 def summarize(records: list[dict], pf: PlanFile, backend: str, notes: list[str],
               run_dtype: str) -> dict:
-    """summary.json: losses, and the median step time over the steps after the first."""
+    """summary.json: losses, and the median step time over the steps after the first.
+
+    A job that trained no step (``records == []``) has None for every measured figure."""
+    if not records:
+        return {"plan_id": pf.plan.id, "world_size": pf.plan.world_size, "steps": 0,
+                "losses": [], "final_loss": None, "step_time_s": None, "tokens_per_s": None,
+                "tokens_per_s_per_device": None, "mfu": None,
+                "peak_flops_per_device": pf.cluster.peak_flops_per_device,
+                "device_profile": pf.cluster.name, "peak_memory_bytes": None,
+                "backend": backend, "ranks": pf.plan.world_size, "cores": os.cpu_count(),
+                "threads_per_rank": torch.get_num_threads(), "dtype": run_dtype,
+                "notes": notes, "prediction": pf.prediction, "compute_time_s": None}
     timed = records[1:] or records
     step_time = statistics.median(r["step_time_s"] for r in timed)
     rec = step_record(len(records), records[-1]["loss"], step_time, pf,

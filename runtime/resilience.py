@@ -52,6 +52,7 @@ from runtime.checkpoint import (
     list_checkpoints,
     load_extra,
     location_name,
+    read_manifest,
     rng_state,
     saved_world_size,
     set_rng_state,
@@ -87,7 +88,7 @@ def fault_args_error(config: TrainConfig, world: int | None = None,
     # a restart resumes its own checkpoints; the --resume folder was checked by attempt 0
     if problem is None and config.resume is not None and attempt_number() == 0:
         try:
-            problem = resume_error(resume_folder(config.resume), global_batch)
+            problem = resume_error(resume_folder(config.resume), global_batch, config.steps)
         except ValueError as exc:
             return str(exc)
     return problem
@@ -122,11 +123,14 @@ def checkpoint_folder_error(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def resume_error(folder: Path | str, global_batch: int | None = None) -> str | None:
+def resume_error(folder: Path | str, global_batch: int | None = None,
+                 steps: int | None = None) -> str | None:
     """Why the checkpoints of ``folder`` cannot be resumed, or None: every one of them fails
     its checksums (`runtime.checkpoint.verify`), so a resume would silently start from step
-    0; or the newest valid one was trained with another global batch than ``global_batch``
-    (step k trains on samples [k·B, (k+1)·B), so another B skips or repeats samples)."""
+    0; the newest valid one was trained with another global batch than ``global_batch``
+    (step k trains on samples [k·B, (k+1)·B), so another B skips or repeats samples); or it
+    is at step ``steps`` or later, so the job would have no step left to train (None: not
+    checked)."""
     damaged = []
     for candidate in list_checkpoints(folder):
         if (problem := verify(candidate)) is not None:
@@ -143,6 +147,11 @@ def resume_error(folder: Path | str, global_batch: int | None = None) -> str | N
                     f"trained with global_batch={saved}, this plan has global_batch="
                     f"{global_batch}; resume with a plan of global_batch={saved} (any tp, pp, dp and micro-batch that "
                     "divide it), or start a new run without --resume")
+        step = int(read_manifest(candidate)["step"])
+        if steps is not None and step >= steps:
+            return (f"--resume {str(folder)!r}: its newest checkpoint is step {step}, so "
+                    f"--steps {steps} has nothing left to train; give --steps {step + 1} "
+                    "or more")
         return None
     return (f"--resume {str(folder)!r}: every checkpoint is damaged ({'; '.join(damaged)}); "
             "nothing to resume from: start a new run without --resume")

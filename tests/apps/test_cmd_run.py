@@ -199,3 +199,32 @@ def test_a_closed_stdout_exits_0_quietly(tiny_plan_file, flags):
                           env=dict(os.environ, PYTHONPATH=str(repo)))
     os.close(write)
     assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_resume_at_the_last_step_exits_2_before_any_worker(tiny_plan_file, tmp_path, capsys,
+                                                           monkeypatch):
+    import runtime.launch
+    plan = tiny_plan_file(tp=1, pp=1, dp=1)
+    out = tmp_path / "run dir [1]"
+    # a real 1-rank run of 2 steps that checkpoints after step 2
+    assert main(["run", str(plan), "--steps", "2", "--checkpoint-every", "2",
+                 "--out", str(out)]) == 0
+    assert (out / "checkpoints" / "step00000002" / "manifest.json").is_file()
+    capsys.readouterr()
+    calls = []
+    monkeypatch.setattr(runtime.launch, "run_plan", lambda p, **kw: calls.append(kw))
+    for steps in ("2", "1"):      # the checkpoint reaches --steps, or goes past it
+        assert main(["run", str(plan), "--steps", steps, "--resume", str(out),
+                     "--out", str(tmp_path / "again")]) == 2
+        err = one_line(capsys.readouterr().err)
+        assert (f"--resume '{out / 'checkpoints'}': its newest checkpoint is step 2, so "
+                f"--steps {steps} has nothing left to train; give --steps 3 or more") in err
+    assert calls == []                                      # no worker started
+
+
+def test_summary_of_a_job_that_trained_no_step(tiny_plan_file):
+    from planner.planfile import read_plan_file
+    from runtime.metrics import summarize
+    pf = read_plan_file(tiny_plan_file(tp=1, pp=1, dp=1))
+    summary = summarize([], pf, "gloo", [], "fp32")        # no median of nothing: None
+    assert (summary["steps"], summary["step_time_s"], summary["final_loss"]) == (0, None, None)
