@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shlex
 import subprocess
 import urllib.error
 import urllib.request
@@ -131,8 +132,19 @@ def elastic_train_args(args: argparse.Namespace) -> list[str]:
                             "--checkpoint-every 5")
         pf = read_plan_file(args.plan)
         per_node = pf.plan.world_size // args.nodes
-        for nodes in range(min_nodes, args.nodes):
-            plan_for_world(pf, nodes * per_node)
+        # from the top: the first node count without a plan bounds every --min-nodes that works
+        for nodes in range(args.nodes - 1, min_nodes - 1, -1):
+            try:
+                plan_for_world(pf, nodes * per_node)
+            except PlanError:
+                fix = (f"give --min-nodes {nodes + 1} or more (every node count from "
+                       f"{nodes + 1} to {args.nodes} has a plan)" if nodes + 1 < args.nodes
+                       else f"no --min-nodes below --nodes={args.nodes} works: launch a "
+                       "fixed size (leave --min-nodes out)")
+                raise PlanError(f"--min-nodes={min_nodes}: no plan of {pf.model.name} with "
+                                f"global_batch={pf.plan.global_batch} runs on {nodes} nodes "
+                                f"({nodes * per_node} devices), and an elastic launch needs "
+                                f"one on every node count of its range; {fix}") from None
     return fault_cli_args(checkpoint_every=args.checkpoint_every, keep=args.keep,
                           checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                           timeout_s=args.timeout_s)
@@ -182,7 +194,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                transport=cluster.transport if cluster else "",
                                socket_ifname=args.socket_ifname, gid_index=args.gid_index)
         Path(args.slurm).write_text(script, encoding="utf-8")
-        console.print(f"wrote {args.slurm} (sbatch {args.slurm})", highlight=False, markup=False)
+        console.print(f"wrote {args.slurm} (sbatch {shlex.quote(str(args.slurm))})",
+                      highlight=False, markup=False)
         out["slurm"] = str(args.slurm)
         if args.json:
             print_json(out)
@@ -190,9 +203,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not args.rdzv_endpoint:
         raise PlanError("--rdzv-endpoint HOST:PORT is needed (or --slurm FILE)")
     parse_endpoint(args.rdzv_endpoint)  # HOST:PORT, a port in 1..65535
+    if args.run and args.node_rank is None and args.nodes == 1:
+        args.node_rank = 0                    # the only node
     ranks = [args.node_rank] if args.node_rank is not None else list(range(args.nodes))
     if args.run and args.node_rank is None:
-        raise PlanError("--run starts one node's agent; give --node-rank R")
+        raise PlanError(f"--run starts one node's agent; give --node-rank R (R in "
+                        f"0..{args.nodes - 1}: this node's place among --nodes={args.nodes})")
     if args.run and args.rdzv_backend == "etcd-v2":
         check_etcd_rendezvous(args.rdzv_endpoint, args.rdzv_conf)
     commands = [torchrun_node_command(args.plan, nodes=args.nodes, node_rank=r,
@@ -231,7 +247,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sl.add_argument("plan", help="plan file (YAML), readable at the same path on every node")
     sl.add_argument("--nodes", type=int, required=True, help="nodes; each runs world/nodes "
                     "workers")
-    sl.add_argument("--node-rank", type=int, help="this node (default: print every node)")
+    sl.add_argument("--node-rank", type=int, help="this node, 0..nodes-1 (default: print "
+                    "every node; with --run and --nodes 1: 0)")
     sl.add_argument("--nproc-per-node", type=int, help="workers per node, checked against "
                     "the plan (world / nodes) and the node's GPUs (default: world / nodes)")
     sl.add_argument("--min-nodes", type=int, help="fewest nodes the job runs on (default "

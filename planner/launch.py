@@ -240,7 +240,8 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
     this, `activate_lines`) and exports the NCCL variables of the cluster's fabric
     ``transport`` (`nccl_env`: the socket interface, and the GID index on RoCE).
 
-    One task per node runs torchrun with ``world_size / nodes`` workers (and as many GPUs);
+    One task per node runs torchrun with ``world_size / nodes`` workers (and as many GPUs;
+    a localhost-cpu plan's task asks for as many CPU cores, and gets no NCCL variables);
     the first node of the allocation hosts the c10d rendezvous on ``port``, or, with
     ``rdzv_backend="etcd-v2"``, the agents meet at the etcd server ``rdzv_endpoint``. With
     ``min_nodes`` below ``nodes`` the range is elastic (`torchrun_node_command`) and srun
@@ -254,6 +255,11 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
     nccl = nccl_env(transport, socket_ifname=socket_ifname, gid_index=gid_index)
     pf = read_plan_file(plan_path)
     gpus = procs_per_node(pf.plan.world_size, nodes)
+    # a localhost-cpu plan trains on CPU cores over gloo (torchrun runs as well on a CPU
+    # partition): its task asks for one core per worker, and neither GPUs nor NCCL variables
+    cpu = pf.cluster.is_localhost
+    if cpu:
+        nccl = {}
     if not 0 < port < 65536:
         raise PlanError(f"port={port} must be in 1..65535")
     min_nodes = node_range(nodes, min_nodes)
@@ -278,14 +284,15 @@ def sbatch_script(plan_path: str | Path, *, nodes: int, port: int = 29500, steps
              f"#SBATCH --job-name={job_name or plan_id}",
              f"#SBATCH --nodes={nodes}",
              "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --gpus-per-node={gpus}",
+             f"#SBATCH --cpus-per-task={gpus}" if cpu else f"#SBATCH --gpus-per-node={gpus}",
              f"#SBATCH --time={time_limit}"]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     lines += [
         f"#SBATCH --output={job_name or plan_id}-%j.out",
         "",
-        f"# {plan_id} of {pf.model.name}: {pf.plan.degrees} workers, {gpus} per node",
+        f"# {plan_id} of {pf.model.name}: {pf.plan.degrees} workers, {gpus} per node"
+        + (" (CPU, gloo)" if cpu else ""),
         "set -euo pipefail",
         'export RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export RDZV_PORT={port}",

@@ -210,7 +210,8 @@ def plan_for_world(pf: PlanFile, world: int) -> PlanFile:
         raise PlanError(f"no plan of {pf.model.name} with global_batch="
                         f"{pf.plan.global_batch} runs on {world} devices, and an elastic "
                         "launch (--nnodes MIN:MAX) needs one on every node count of its "
-                        "range: raise --min-nodes")
+                        "range: `meshplan launch --nodes N --min-nodes M` names the "
+                        "--min-nodes whose range has a plan on every node count")
     return found[0]
 
 

@@ -248,3 +248,51 @@ def test_an_elastic_sbatch_script_meets_at_etcd_and_survives_a_node(big_plan):
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     with pytest.raises(PlanError, match="etcd-v2' needs rdzv_endpoint"):
         sbatch_script(big_plan, nodes=16, rdzv_backend="etcd-v2")
+
+
+def test_sbatch_script_of_a_cpu_plan_asks_for_cores_not_gpus(dp2_plan):
+    script = sbatch_script(dp2_plan, nodes=2, transport="ib")
+    # dp2 on 2 nodes: 1 worker per node, a gloo job on CPU cores
+    assert "#SBATCH --cpus-per-task=1" in script.splitlines()
+    assert "--gpus-per-node" not in script and "NCCL_" not in script
+
+
+def test_launch_run_of_one_node_is_node_0_and_the_sbatch_hint_quotes_the_path(
+        tiny_plan_file, tmp_path, capsys, monkeypatch):
+    import apps.cmd_launch
+    plan = tiny_plan_file(tp=1, pp=1, dp=1)
+    started = []
+    monkeypatch.setattr(apps.cmd_launch.subprocess, "run",
+                        lambda argv, **kw: started.append(argv) or
+                        subprocess.CompletedProcess(argv, 0))
+    code, _, err = _launch(capsys, str(plan), "--nodes", "1", "--rdzv-endpoint",
+                           "127.0.0.1:29555", "--run", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    (argv,) = started
+    assert argv[argv.index("--node-rank") + 1] == "0"
+    script = tmp_path / "my jobs" / "t p.sbatch"
+    script.parent.mkdir()
+    code, out, err = _launch(capsys, str(plan), "--nodes", "1", "--slurm", str(script))
+    assert code == 0, err
+    assert f"(sbatch '{script}')" in " ".join(out.split())
+    two = tiny_plan_file(tp=1, pp=1, dp=2)
+    code, _, err = _launch(capsys, str(two), "--nodes", "2", "--rdzv-endpoint", "h:1", "--run")
+    assert code == 2 and "give --node-rank R (R in 0..1" in err
+
+
+def test_elastic_range_without_a_plan_names_the_min_nodes_that_works(tiny_plan_file, capsys):
+    # tiny-gpt has 4 layers and 4 heads: 5 devices need dp 5 (tp or pp 5 exceeds them), and
+    # global batch 42 = 2*3*7 does not split over 5; 6 (dp 6) and 7 (dp 7) nodes have a plan
+    plan = tiny_plan_file(tp=1, pp=1, dp=7, global_batch=42)
+    common = [str(plan), "--nodes", "7", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",
+              "10.0.0.9:2379", "--max-restarts", "3", "--checkpoint-every", "5"]
+    code, _, err = _launch(capsys, *common, "--min-nodes", "2")
+    assert code == 2
+    assert "--min-nodes=2: no plan of tiny-gpt with global_batch=42 runs on 5 nodes" in err
+    assert "give --min-nodes 6 or more" in err
+    code, _, err = _launch(capsys, *common, "--min-nodes", "6")
+    assert code == 0, err
+    # global batch 6 on 6 nodes: 5 has no plan, so nothing below 6 works
+    plan = tiny_plan_file(tp=1, pp=1, dp=6, global_batch=6)
+    code, _, err = _launch(capsys, str(plan), "--nodes", "6", *common[3:], "--min-nodes", "3")
+    assert code == 2 and "no --min-nodes below --nodes=6 works" in err
