@@ -259,12 +259,15 @@ class CheckpointStore:
         return FsspecReader(str(folder), **S3_OPTIONS)
 
 
+def parent_location(location: str | os.PathLike) -> Path | str:
+    """The folder (or object-store prefix) that holds ``location``."""
+    location = checkpoint_location(location)
+    return location.parent if isinstance(location, Path) else location.rsplit("/", 1)[0]
+
+
 def store_of(checkpoint: Path | str) -> CheckpointStore:
     """The store that holds checkpoint folder ``checkpoint`` (its parent)."""
-    checkpoint = checkpoint_location(checkpoint)
-    parent = checkpoint.parent if isinstance(checkpoint, Path) else \
-        checkpoint.rsplit("/", 1)[0]
-    return CheckpointStore(parent)
+    return CheckpointStore(parent_location(checkpoint))
 
 
 def build_manifest(folder: Path | str, step: int) -> dict:
@@ -309,6 +312,22 @@ def list_checkpoints(folder: str | os.PathLike) -> list[Path | str]:
     """Finished checkpoints in ``folder`` (a path or an object-store URL), newest first
     (temporary folders excluded)."""
     return CheckpointStore(folder).checkpoints()
+
+
+def is_checkpoint(location: str | os.PathLike) -> bool:
+    """Whether ``location`` is one finished checkpoint (a ``step*`` folder or prefix with its
+    manifest, module docstring), not a folder of them."""
+    location = checkpoint_location(location)
+    return location_name(location).startswith("step") and \
+        MANIFEST in store_of(location).files(location)
+
+
+def resume_candidates(location: str | os.PathLike) -> list[Path | str]:
+    """The checkpoints a resume from ``location`` may load, newest first: ``location``
+    itself when it is one checkpoint (`is_checkpoint`: that one, no fallback), else the
+    finished checkpoints in it (`list_checkpoints`)."""
+    return [checkpoint_location(location)] if is_checkpoint(location) else \
+        list_checkpoints(location)
 
 
 def _container(modules: list[torch.nn.Module]) -> torch.nn.Module:
@@ -496,7 +515,7 @@ class CheckpointManager:
 
         Args:
             folder: where to look, a path or an object-store URL (default: this manager's
-                folder).
+                folder); or one checkpoint (`is_checkpoint`), loaded if it verifies.
         Returns:
             (its step, this rank's ``extra`` dict (`load_extra`: another rank's, marked, when
             the checkpoint was written by a different number of ranks), one line per damaged
@@ -506,7 +525,8 @@ class CheckpointManager:
         choice: list = [None, []]
         if self.rank == 0:
             skipped = []
-            finished, unfinished = store.scan()
+            finished, unfinished = ([checkpoint_location(folder)], []) \
+                if folder is not None and is_checkpoint(folder) else store.scan()
             for candidate in finished:
                 problem = verify(candidate)
                 if problem is None:

@@ -104,9 +104,11 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
                              "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL; "
                              "default: OUT/checkpoints)")
     parser.add_argument("--resume", default=None, metavar="DIR",
-                        help="start from the newest valid checkpoint in DIR (a checkpoint "
+                        help="start from the newest valid checkpoint in DIR (a checkpoints "
                              "folder or s3://bucket/prefix, or a run folder: its "
-                             "checkpoints/)")
+                             "checkpoints/), or from the one checkpoint DIR is (one "
+                             "step* folder of a checkpoints folder, checked against its "
+                             "manifest)")
 
 
 def add_straggler_args(parser: argparse.ArgumentParser) -> None:

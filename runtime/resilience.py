@@ -48,11 +48,14 @@ from runtime.checkpoint import (
     CheckpointManager,
     CheckpointStore,
     checkpoint_location,
+    is_checkpoint,
     join,
     list_checkpoints,
     load_extra,
     location_name,
+    parent_location,
     read_manifest,
+    resume_candidates,
     rng_state,
     saved_world_size,
     set_rng_state,
@@ -81,16 +84,25 @@ def fault_args_error(config: TrainConfig, world: int | None = None,
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     problem = faults_error(all_fault_specs(config), steps=config.steps, world=world,
                            checkpoint_every=config.checkpoint_every)
+    folder = checkpoint_location(config.checkpoint_dir or Path(config.out_dir) / "checkpoints")
     if problem is None and (config.checkpoint_every or config.resume is not None):
-        folder = checkpoint_location(config.checkpoint_dir
-                                     or Path(config.out_dir) / "checkpoints")
         problem = checkpoint_folder_error(folder)
     # a restart resumes its own checkpoints; the --resume folder was checked by attempt 0
     if problem is None and config.resume is not None and attempt_number() == 0:
         try:
-            problem = resume_error(resume_folder(config.resume), global_batch, config.steps)
+            source = resume_folder(config.resume)
         except ValueError as exc:
             return str(exc)
+        problem = resume_error(source, global_batch, config.steps)
+        if problem is None and is_checkpoint(source) and \
+                _same_location(parent_location(source), folder):
+            newer = [location_name(c) for c in list_checkpoints(folder)
+                     if location_name(c) > location_name(source)]
+            if newer:   # a restart would load them: steps of the run this resume replaces
+                problem = (f"--resume {str(source)!r}: its run's checkpoint folder also holds "
+                           f"the later {', '.join(newer)}, which a restart of this run would "
+                           f"take for its own; resume into another run folder (--out NEW), "
+                           f"or remove {', '.join(newer)} first")
     return problem
 
 
@@ -132,7 +144,7 @@ def resume_error(folder: Path | str, global_batch: int | None = None,
     is at step ``steps`` or later, so the job would have no step left to train (None: not
     checked)."""
     damaged = []
-    for candidate in list_checkpoints(folder):
+    for candidate in resume_candidates(folder):
         if (problem := verify(candidate)) is not None:
             damaged.append(f"{location_name(candidate)}: {problem}")
             continue
@@ -158,15 +170,19 @@ def resume_error(folder: Path | str, global_batch: int | None = None,
 
 
 def resume_folder(path: str | os.PathLike) -> Path | str:
-    """The checkpoint folder that ``--resume path`` means: ``path`` itself when it holds
-    checkpoints (``step*/`` folders), else a run folder's ``path/checkpoints``; ``path`` may
-    be an object-store URL (``s3://bucket/prefix``, returned as a string).
+    """The checkpoints that ``--resume path`` means: ``path`` itself when it is one
+    checkpoint (a ``step*`` folder with its manifest: that one is loaded) or holds
+    checkpoints (``step*/`` folders: the newest valid one is), else a run folder's
+    ``path/checkpoints``; ``path`` may be an object-store URL (``s3://bucket/prefix``,
+    returned as a string).
 
     Raises:
         ValueError: ``path`` does not exist, or neither it nor ``path/checkpoints`` holds a
             checkpoint (the message names both and the fix).
     """
     folder = checkpoint_location(path)
+    if is_checkpoint(folder):
+        return folder
     if not isinstance(folder, Path):
         for candidate in (folder, join(folder, "checkpoints")):
             if list_checkpoints(candidate):
@@ -231,8 +247,10 @@ class Resilience:
         # a resume into the run folder that wrote the checkpoint continues that job's records;
         # so does an elastic start that finds the job's checkpoints: torchrun restarts a group
         # whose membership changed (a node joined) without counting a restart
-        self.continues_job = (config.resume is not None and
-                              _same_location(config.resume, self.ckpt_dir)) or \
+        self.continues_job = (config.resume is not None and (
+            _same_location(config.resume, self.ckpt_dir) or
+            is_checkpoint(config.resume) and
+            _same_location(parent_location(config.resume), self.ckpt_dir))) or \
             (config.elastic and bool(list_checkpoints(self.ckpt_dir)))
         self.attempt = 0              # the job's attempt number, across launches (rank 0)
         if self.rank == 0:

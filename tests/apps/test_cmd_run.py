@@ -228,3 +228,36 @@ def test_summary_of_a_job_that_trained_no_step(tiny_plan_file):
     pf = read_plan_file(tiny_plan_file(tp=1, pp=1, dp=1))
     summary = summarize([], pf, "gloo", [], "fp32")        # no median of nothing: None
     assert (summary["steps"], summary["step_time_s"], summary["final_loss"]) == (0, None, None)
+
+
+def test_resume_from_one_step_folder_loads_that_checkpoint(tiny_plan_file, tmp_path, capsys):
+    plan = tiny_plan_file(tp=1, pp=1, dp=1)
+    first = tmp_path / "first run"
+    # a real 1-rank run of 4 steps with checkpoints after steps 2 and 4: the reference
+    assert main(["run", str(plan), "--steps", "4", "--checkpoint-every", "2",
+                 "--out", str(first)]) == 0
+    step2 = first / "checkpoints" / "step00000002"
+    reference = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
+    capsys.readouterr()
+    # into its own run folder, the later step00000004 would be taken for the resumed run's
+    assert main(["run", str(plan), "--steps", "4", "--resume", str(step2),
+                 "--out", str(first)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "also holds the later step00000004" in err and "--out NEW" in err
+    # into a new run folder: steps 3 and 4 again, from step 2's state (exact resume: the
+    # losses of the uninterrupted run), not from the newest checkpoint step 4
+    again = tmp_path / "again"
+    assert main(["run", str(plan), "--steps", "4", "--resume", str(step2),
+                 "--out", str(again)]) == 0
+    resumed = [json.loads(x) for x in (again / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in reference[2:]],
+                                                          rel=1e-6)
+    # a damaged step folder is refused: no fallback to another checkpoint
+    shard = max(step2.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = shard.read_bytes()
+    shard.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])        # same size, other bytes
+    capsys.readouterr()
+    assert main(["run", str(plan), "--steps", "4", "--resume", str(step2),
+                 "--out", str(tmp_path / "third")]) == 2
+    assert "fails its sha256 check" in one_line(capsys.readouterr().err)
