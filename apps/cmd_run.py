@@ -44,6 +44,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print_json(summary)
+    elif not summary["steps"]:              # every step was done before (summarize)
+        console.print(f"{summary['plan_id']}: no step left to train", markup=False)
     else:
         console.print(f"{summary['plan_id']}: {summary['steps']} steps, final loss "
                       f"{summary['final_loss']:.4f}, median step {fmt_time_s(summary['step_time_s'])}"

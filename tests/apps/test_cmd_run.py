@@ -261,3 +261,13 @@ def test_resume_from_one_step_folder_loads_that_checkpoint(tiny_plan_file, tmp_p
     assert main(["run", str(plan), "--steps", "4", "--resume", str(step2),
                  "--out", str(tmp_path / "third")]) == 2
     assert "fails its sha256 check" in one_line(capsys.readouterr().err)
+
+
+def test_a_run_that_trained_no_step_prints_so(plan_path, capsys, monkeypatch):
+    import runtime.launch
+    # summarize([]): the measured figures of a job with no step are None
+    summary = {"plan_id": "tp1-pp2-dp1-mb2-gb8", "steps": 0, "final_loss": None,
+               "step_time_s": None, "tokens_per_s": None, "prediction": {"step_time_s": 0.2}}
+    monkeypatch.setattr(runtime.launch, "run_plan", lambda plan, **kwargs: summary)
+    assert main(["run", str(plan_path), "--steps", "4"]) == 0
+    assert "tp1-pp2-dp1-mb2-gb8: no step left to train" in one_line(capsys.readouterr().out)
