@@ -197,7 +197,8 @@ def _with_expert_columns(columns: dict, shown) -> dict:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``plan`` on the subcommand parser ``sub``."""
     sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
-    sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}) or YAML")
+    sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}), a model "
+                    f"YAML file, or a plan file (the model it was planned for)")
     sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, dgx-h200, "
                     "dgx-b200, dgx-h100-roce, pcie-a100, localhost-cpu) or a cluster YAML file")
     sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")

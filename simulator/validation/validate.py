@@ -69,6 +69,7 @@ Defaults (never tuned per row):
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from collections.abc import Callable
@@ -78,6 +79,7 @@ from pathlib import Path
 
 from planner.precision import block_scaled_device
 from planner.spec import ModelSpec, Plan, PlanError, balanced_split, check_experts
+from planner.userfile import read_text
 from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
 from simulator.step.compute import attention_kernel_rate, load_framework
@@ -652,13 +654,12 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
         PlanError: the header matches neither format, or (``skipped`` not given) a row is bad.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PlanError(f"--runs {str(path)!r}: no such file; give published_runs.csv or a "
                         f"vTrain ground_truth_*.csv (e.g. ../shared/data/published_runs.csv)")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        columns = list(reader.fieldnames or [])
+    reader = csv.DictReader(io.StringIO(read_text(path, "--runs"), newline=""))
+    rows = list(reader)
+    columns = list(reader.fieldnames or [])
     header = set(columns)
     if "ref_step_time_s" in header:
         # a mistake in a cell refuses the table before any row is simulated

@@ -33,7 +33,7 @@ def test_uploaded_model_yaml_builds_the_spec():
 def test_uploaded_model_errors_name_the_problem():
     with pytest.raises(PlanError, match="not valid YAML"):
         views.model_from_inputs("upload", preset="llama3-8b", uploaded="a: [1,")
-    with pytest.raises(PlanError, match="must hold a mapping"):
+    with pytest.raises(PlanError, match="holds a YAML list, not a mapping"):
         views.model_from_inputs("upload", preset="llama3-8b", uploaded="- 1\n- 2\n")
     with pytest.raises(PlanError, match="unknown model field"):
         views.model_from_inputs("upload", preset="llama3-8b", uploaded="layers: 4\n")
