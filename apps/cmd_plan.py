@@ -25,7 +25,14 @@ from apps.format import (
     print_json,
     print_table,
 )
-from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
+from apps.plan_options import (
+    add_plan_options,
+    global_batch_of,
+    json_extras,
+    report,
+    search_kwargs,
+    write_csv_files,
+)
 from apps.train_options import (
     add_train_options,
     train_json,
@@ -136,6 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_plan_file(args.out, PlanFile(
             model=model, plan=best, prediction=result.predictions[best.id].to_dict(),
             cluster=cluster_ref(cluster, best, args.cluster)))
+    wrote_csv = write_csv_files(args, result)
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
                                  + list(TRAIN_COLUMNS) if k in ranked]
@@ -174,7 +182,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if kind.any():
                 row = rejected[kind].iloc[0]
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False, markup=False)
-    report(console, args, result)
+    report(console, args, result, wrote_csv)
     if args.out:  # no legal plan: `best` raises, naming the commonest reasons
         console.print(f"wrote {args.out} ({result.best.id})", markup=False)
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint

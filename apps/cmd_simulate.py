@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
@@ -17,6 +16,7 @@ from apps.format import (
     fmt_pct,
     fmt_rate,
     fmt_time_s,
+    output_file,
     print_json,
 )
 
@@ -45,8 +45,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                     stragglers=stragglers)
     if getattr(args, "trace", None):
         from simulator.step.trace import write_chrome_trace
-        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
-        write_chrome_trace(pred.events, args.trace)
+        trace_path = output_file(args.trace)
+        write_chrome_trace(pred.events, trace_path)
     out = {"id": pf.plan.id, **pred.to_dict()}
     if stragglers:
         out["stragglers"] = {str(rank): factor for rank, factor in stragglers.items()}

@@ -139,15 +139,25 @@ def json_extras(result) -> dict:
     return {"infeasible": result.infeasible.to_dict()} if result.infeasible else {}
 
 
-def report(console: Console, args: argparse.Namespace, result) -> None:
-    """Write --csv files; print the infeasibility answer (human output only)."""
-    if getattr(args, "csv", None):
-        folder = Path(args.csv)
-        folder.mkdir(parents=True, exist_ok=True)
-        result.ranked.to_csv(folder / "ranked.csv", index=False)
-        result.rejected.to_csv(folder / "rejected.csv", index=False)
-        console.print(f"wrote {folder / 'ranked.csv'} and {folder / 'rejected.csv'}",
-                      highlight=False, markup=False)
+def write_csv_files(args: argparse.Namespace, result) -> str | None:
+    """Write the --csv folder's ranked.csv and rejected.csv (parent folders created) and
+    return the line that says so, or None without --csv. Called before anything is printed:
+    a reader that stops early (``| head``) does not cost the files."""
+    if not getattr(args, "csv", None):
+        return None
+    folder = Path(args.csv)
+    folder.mkdir(parents=True, exist_ok=True)
+    result.ranked.to_csv(folder / "ranked.csv", index=False)
+    result.rejected.to_csv(folder / "rejected.csv", index=False)
+    return f"wrote {folder / 'ranked.csv'} and {folder / 'rejected.csv'}"
+
+
+def report(console: Console, args: argparse.Namespace, result,
+           wrote: str | None = None) -> None:
+    """Print ``wrote`` (`write_csv_files`' line) and the infeasibility answer (human output
+    only)."""
+    if wrote:
+        console.print(wrote, highlight=False, markup=False)
     if args.json:
         return
     per_kind = getattr(args, "show_rejected", 0)

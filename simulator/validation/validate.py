@@ -710,8 +710,8 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
     ``skipped`` with the reason and left out of the MAPE.
 
     Raises:
-        PlanError: the file is neither format, a cell is malformed (`malformed_cell`), or no
-            row could be simulated (the reasons of the first three).
+        PlanError: the file is neither format, a cell is malformed (`malformed_cell`), it
+            has no rows, or no row could be simulated (the reasons of the first three).
     """
     rows: list[dict] = []
     skipped: list[dict] = []
@@ -730,6 +730,10 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
                      "seq_len": case.model.seq_len, "predicted_step_time_s": pred,
                      "reference_step_time_s": ref, "rel_error": rel_error(pred, ref),
                      "flags": list(case.flags)})
+    if not rows and not skipped and keep is None:
+        raise PlanError(f"{Path(path).name} has a header but no rows; add one row per run "
+                        f"under the header (../shared/data/published_runs.csv shows the "
+                        f"columns, one measured run a line)")
     if not rows and skipped and keep is None:
         raise PlanError(f"{Path(path).name}: no row could be simulated; "
                         + "; ".join(f"{s['id']}: {s['reason']}" for s in skipped[:3])
