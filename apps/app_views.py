@@ -282,8 +282,9 @@ def _event_kind(stream: str, name: str) -> str:
         return "pipeline send"
     if stream == "overlap":
         return "overlapped comm (hidden)"
-    # the "tp-" events merge TP, the CP ring and ZeRO-3's per-layer traffic (`comm_kind`)
-    return "in-layer comm (TP / CP / ZeRO-3)" if name.startswith("tp-") else \
+    # the "tp-" events merge TP, the CP ring, the expert all-to-all and ZeRO-3's per-layer
+    # traffic (`simulator.step.breakdown.comm_kind`)
+    return "in-layer comm (TP / CP / EP / ZeRO-3)" if name.startswith("tp-") else \
         "data-parallel comm"
 
 
