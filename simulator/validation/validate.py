@@ -249,15 +249,17 @@ RECOMPUTE_WORDS = {"full": "full", "yes": "full", "true": "full", "on": "full",
 #: The first word of a ``sequence_parallel`` cell ("True (torchtitan TP)") and its value.
 SEQUENCE_PARALLEL_WORDS = {"yes": True, "true": True, "on": True,
                            "no": False, "false": False, "off": False}
-#: How the reference step time was got (../shared/data/README.md).
-STEP_TIME_KINDS = ("reported", "derived")
+#: How the reference step time was got: printed by the source, derived from its throughput
+#: (../shared/data/README.md), or measured on the user's own run.
+STEP_TIME_KINDS = ("reported", "derived", "measured")
 _CELL_FORMS = {
     "recompute": "a cell starting with full, selective or none (yes/true/on read as full, "
                  "no/false/off as none, 'activation CPU offload ...' as the framework's "
                  "default), or empty for the framework's default",
     "sequence_parallel": "yes or no (true/false, on/off; a note may follow the word), or "
                          "empty for the framework's default",
-    "ref_step_time_kind": "reported or derived",
+    "ref_step_time_kind": "reported (printed by the source), derived (from its throughput) or "
+                          "measured (your own run)",
 }
 
 

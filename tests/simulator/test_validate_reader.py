@@ -197,7 +197,8 @@ def test_a_blank_required_cell_is_named_as_the_skip_reason(tmp_path):
     ({"sequence_parallel": "maybe"}, "runs.csv bad: sequence_parallel='maybe' is not a value "
                                      "it takes; write yes or no"),
     ({"ref_step_time_kind": "guessed"}, "runs.csv bad: ref_step_time_kind='guessed' is not a "
-                                        "value it takes; write reported or derived"),
+                                        "value it takes; write reported (printed by the source), "
+                                        "derived (from its throughput) or measured"),
 ])
 def test_a_malformed_cell_refuses_the_table_before_any_row_runs(tmp_path, cells, message):
     # the good row first: the whole table is refused, not just the bad row skipped
