@@ -27,6 +27,7 @@ from apps.format import (
 )
 from apps.plan_options import (
     add_plan_options,
+    check_device_flags,
     global_batch_of,
     json_extras,
     report,
@@ -108,6 +109,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     require_positive(args, "--restart-s", "--spare-delay-s", "--show-rejected", allow_zero=True)
     check_straggler_flags(args)
     require_positive(args, "--top-k", "--prune")
+    check_device_flags(args)
     check_output_path("--out", args.out)
     check_output_path("--csv", getattr(args, "csv", None), folder=True)
     model = load_model(args.model)
@@ -115,6 +117,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         model = model.replace(seq_len=args.seq_len)
     cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
                                  getattr(args, "cpu_profile", None))
+    check_device_flags(args, cluster.num_devices)
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
     tokens = train_tokens(args, gb, model.seq_len)
     # What is searched goes to stderr before the search, the results (and --out) after it:

@@ -32,7 +32,8 @@ def parse_size(text: str) -> int:
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
     if not m or float(m.group(1)) <= 0:
-        raise PlanError(f"size={text!r} is not a positive size like 1M, 64M, 1G or 4096")
+        raise PlanError(f"--sizes {text!r} is not a positive size like 1M, 64M, 1G or 4096 "
+                        f"(bytes; K, M, G, T in powers of 2)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 

@@ -31,8 +31,15 @@ def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = Fa
     """``value`` as a float if it is a number > 0 (>= 0 with ``zero_ok``), else a `PlanError`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
             or (value == 0 and not zero_ok):
+        # YAML 1.1 reads 25e9 (no dot, no exponent sign) as the string '25e9'
+        hint = ""
+        if isinstance(value, str):
+            try:
+                hint = f" (write {float(value):.1e}, not {value}, in YAML)"
+            except ValueError:
+                pass
         raise PlanError(f"{name}={value!r} must be a number {'>= 0' if zero_ok else '> 0'} "
-                        f"for cluster {cluster!r} (write 25.0e+9, not 25e9, in YAML)")
+                        f"for cluster {cluster!r}{hint}")
     return float(value)
 
 
