@@ -62,3 +62,24 @@ RUN_ROW = ("id,source,table,model,params_b,layers,hidden,heads,kv_heads,ffn_hidd
            "on GPU Clusters Using Megatron-LM' arXiv:2104.04473,Table 1 (weak scaling),"
            "GPT 1.7B,1.7,24,2304,24,,9216,51200,2048,A100-SXM4-80GB (Selene DGX A100),32,1,1,"
            "32,,,,512,full,no,,3.5,derived,137,,44%,\n")
+
+
+@pytest.mark.parametrize("tp, fits", [(1, False), (8, True)])
+def test_simulate_json_says_whether_the_plan_fits(tmp_path, capsys, tp, fits):
+    # llama3-8b unsharded (tp=1, dp=8, no ZeRO): mixed-precision Adam's 16 bytes a parameter
+    # (ZeRO, Rajbhandari et al. 2020, §3.1) are ~128 GB per GPU, over the 80 GB of an H100;
+    # over tp=8 they are ~16 GB and it fits
+    import json
+
+    from apps.clusters import cluster_from_flags, cluster_ref
+    from planner.planfile import PlanFile, write_plan_file
+    from planner.presets import load_model
+    from planner.spec import Plan
+    model, cluster = load_model("llama3-8b"), cluster_from_flags("dgx-h100", 1, None, None)
+    plan = Plan(tp=tp, pp=1, dp=8 // tp, micro_batch=1, global_batch=8, recompute="full")
+    path = write_plan_file(tmp_path / "p.yaml", PlanFile(
+        model=model, plan=plan, prediction={}, cluster=cluster_ref(cluster, plan, "dgx-h100")))
+    assert main(["simulate", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is fits
+    assert (out["out_of_memory"] is None) is fits
