@@ -89,6 +89,32 @@ def devices_searched(args: argparse.Namespace, cluster) -> str:
     return f"{n} devices"
 
 
+def dtype_notes(dtypes) -> list[str]:
+    """The lines under a plan table that explain its dtypes' figures: a low-precision
+    recipe's MFU is against the bf16 peak (`simulator.step.simulate`, as torchtitan and
+    Megatron-Bridge report it); fp16 reduces its gradients in fp16 where bf16 reduces them in
+    fp32 (`simulator.step.stagecosts.SimOptions.grad_reduce_bytes`, Megatron's default), so
+    an fp16 plan can predict a shorter step than the same bf16 one.
+
+    >>> dtype_notes(["bf16"])
+    []
+    >>> [n[:48] for n in dtype_notes(["nvfp4", "fp16"])]
+    ['MFU of the nvfp4 rows is against the bf16 peak (', 'fp16 rows reduce gradients in fp16 (2 bytes), bf']
+    """
+    from planner.precision import RECIPES
+    notes = []
+    if recipes := sorted({d for d in dtypes if d in RECIPES}):
+        notes.append(f"MFU of the {' / '.join(recipes)} rows is against the bf16 peak (as "
+                     f"torchtitan and Megatron-Bridge report it): their GEMMs run at a higher "
+                     f"peak, so it can exceed what bf16 reaches")
+    if "fp16" in set(dtypes):
+        notes.append("fp16 rows reduce gradients in fp16 (2 bytes), bf16 rows in fp32 (4 "
+                     "bytes, as Megatron accumulates them): half the data-parallel traffic, "
+                     "so an fp16 plan can be faster than the same bf16 one; it needs loss "
+                     "scaling")
+    return notes
+
+
 def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
     """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
     for flag in flags:
@@ -176,6 +202,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     shown["dtype"].iloc[0] not in ("bf16", "fp32"):
                 columns["dtype"] = ("dtype", None)
             print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
+            for note in dtype_notes(shown["dtype"]):
+                console.print(note, highlight=False, markup=False)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")
         console.print(f"{len(ranked)} legal plans ({refined} best refined by SimPy, the rest "
