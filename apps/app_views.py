@@ -27,6 +27,7 @@ from planner.mesh import group_ranks, mesh_strides  # noqa: E402
 from planner.planfile import PlanFile, check_runnable  # noqa: E402
 from planner.presets import load_model, model_from_dict  # noqa: E402
 from planner.spec import ModelSpec, Plan, PlanError  # noqa: E402
+from planner.userfile import parse_yaml  # noqa: E402
 from simulator.network.cluster import Cluster, cluster_from_spec, load_cluster  # noqa: E402
 from simulator.step.breakdown import comm_kind  # noqa: E402
 from simulator.step.simulate import StepPrediction  # noqa: E402
@@ -48,21 +49,6 @@ SORT_KEYS = {"tokens/s": ("tokens_per_s", False), "step time": ("step_time_s", T
 MAX_GANTT_EVENTS = 4000
 
 
-def parse_yaml_mapping(text: str, what: str) -> dict:
-    """The mapping in an uploaded YAML text.
-
-    Raises:
-        PlanError: the text is not YAML or not a mapping.
-    """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PlanError(f"uploaded {what} file is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"uploaded {what} file must hold a mapping, got {type(data).__name__}")
-    return data
-
-
 def model_from_inputs(source: str, *, preset: str, custom: dict | None = None,
                       uploaded: str | None = None, seq_len: int = 0) -> ModelSpec:
     """The model the sidebar describes: a preset, a preset with custom fields, or a YAML text.
@@ -75,7 +61,7 @@ def model_from_inputs(source: str, *, preset: str, custom: dict | None = None,
     if source == "upload":
         if not uploaded:
             raise PlanError("choose a model YAML file to upload, or pick a preset")
-        fields = parse_yaml_mapping(uploaded, "model")
+        fields = parse_yaml(uploaded, "(uploaded)", "model", also=("plan",))
         if isinstance(fields.get("model"), dict):
             fields = fields["model"]
         fields = dict(fields)
@@ -133,7 +119,7 @@ def cluster_from_inputs(source: str, *, preset: str, nodes: int | None = 1, rank
     if source == "upload":
         if not uploaded:
             raise PlanError("choose a cluster YAML file to upload, or pick a preset")
-        spec = parse_yaml_mapping(uploaded, "cluster")
+        spec = parse_yaml(uploaded, "(uploaded)", "cluster")
         name = Path(uploaded_name).stem if uploaded_name else "uploaded"
         local = spec.get("kind") == "localhost"
         return cluster_from_spec(name, spec, nodes=None if local else nodes,
@@ -296,8 +282,9 @@ def _event_kind(stream: str, name: str) -> str:
         return "pipeline send"
     if stream == "overlap":
         return "overlapped comm (hidden)"
-    # the "tp-" events merge TP, the CP ring and ZeRO-3's per-layer traffic (`comm_kind`)
-    return "in-layer comm (TP / CP / ZeRO-3)" if name.startswith("tp-") else \
+    # the "tp-" events merge TP, the CP ring, the expert all-to-all and ZeRO-3's per-layer
+    # traffic (`simulator.step.breakdown.comm_kind`)
+    return "in-layer comm (TP / CP / EP / ZeRO-3)" if name.startswith("tp-") else \
         "data-parallel comm"
 
 

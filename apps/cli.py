@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from apps import (
@@ -56,9 +57,37 @@ def _error(label: str, message: str) -> None:
                                                highlight=False)
 
 
+def joined_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with each ``--flag -5T`` written ``--flag=-5T`` where --flag takes one value:
+    argparse reads a word that starts with '-' and is not a plain number as an option
+    ("expected one argument"), so the command's own check could not say the value must be
+    > 0.
+
+    >>> p = argparse.ArgumentParser(); _ = p.add_argument("--tokens"); _ = p.add_argument("-q")
+    >>> joined_negative_values(p, ["--tokens", "-5T", "-q", "x"])
+    ['--tokens=-5T', '-q', 'x']
+    """
+    takes_value, parsers = set(), [parser]
+    while parsers:   # argparse lists a parser's actions only in _actions
+        for action in parsers.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.option_strings and action.nargs is None:
+                takes_value.update(o for o in action.option_strings if o.startswith("--"))
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1] in takes_value and re.match(r"-\.?\d", word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `meshplan` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(joined_negative_values(
+        parser, sys.argv[1:] if argv is None else list(argv)))
     from rich.console import Console
     Console.on_broken_pipe = _on_broken_pipe     # a command's exit status is decided here
     try:

@@ -95,16 +95,15 @@ def profile_line(cluster: Cluster) -> str:
 def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> ClusterRef:
     """The plan file's block for ``plan`` on ``cluster`` (``source``: the --cluster value,
     recorded as the file's path when it is not a preset)."""
-    import yaml
-
     from planner.planfile import ClusterRef
+    from planner.userfile import read_yaml
     from simulator.network.cluster import cluster_names
     localhost = cluster.nics_per_node == 0
     path = spec = None
     if source is not None and source not in cluster_names():
         # the file's contents travel with the plan; its absolute path says where it came from
         path = str(Path(source).resolve())
-        spec = yaml.safe_load(Path(source).read_text(encoding="utf-8"))
+        spec = read_yaml(source, "cluster")
     profile = cluster.cpu_profile
     return ClusterRef(name=cluster.name, nodes=cluster.num_nodes,
                       ranks=plan.world_size if localhost else None, path=path,

@@ -60,6 +60,21 @@ def model_warning(model_a, model_b) -> str | None:
             f"of one")
 
 
+def devices_warning(devices_a: int, devices_b: int) -> str | None:
+    """None when both plans run on as many devices, else the warning line that says so.
+
+    >>> devices_warning(16, 16) is None
+    True
+    >>> devices_warning(128, 32)[:50]
+    'warning: A runs on 128 devices, B on 32: the step '
+    """
+    if devices_a == devices_b:
+        return None
+    return (f"warning: A runs on {devices_a} devices, B on {devices_b}: the step times "
+            f"compare two machine sizes, not two plans on one (compare the MFU rows, or plan "
+            f"both on the same cluster and --nodes)")
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -71,6 +86,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     clusters = [cluster_of_plan_file(pf) for pf in files]
     warnings = Console(stderr=True, soft_wrap=True)
     for line in [model_warning(files[0].model, files[1].model),
+                 devices_warning(*(c.num_devices for c in clusters)),
                  *(memory_warning(pf, c, f"{label} = ")
                    for label, pf, c in zip("AB", files, clusters, strict=True))]:
         if line is not None:

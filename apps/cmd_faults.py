@@ -67,14 +67,23 @@ def eviction_devices(cluster) -> int:
 
 
 def straggler_clause(row) -> str:
-    """``a straggler: evict (62 s per episode of 0.39 h of work; stay 80 s), 0.05% of wall time``
+    """``a straggler: evict (62 s per episode of 0.39 h of work (until a failure's restart
+    swaps the device: the job MTBF); stay 80 s), 0.05% of wall time``
     for a ranked row with the straggler columns of `planner.objective.rank_by_goodput`."""
     other = "stay" if row["straggler_policy"] == "evict" else "evict"
     other_s = row[f"straggler_{other}_s"]
     episode = row["straggler_episode_s"]
     episode_text = f"{episode:.1f} s" if episode < 3600 else f"{episode / 3600:.2f} h"
+    # the episode lasts until a failure's restart swaps the device out (the job MTBF), or
+    # with a token budget at most half the run (`planner.objective.rank_by_goodput`): a
+    # larger budget makes it longer, up to the MTBF
+    mtbf = row.get("job_mtbf_s")
+    until = ("until a failure's restart swaps the device: the job MTBF"
+             if mtbf is None or episode >= mtbf * (1 - 1e-9)
+             else "half the run, the mean time left after an onset: a larger budget lasts "
+                  "longer, up to the job MTBF")
     return (f"a straggler: {row['straggler_policy']} ({row['straggler_cost_s']:,.0f} s per "
-            f"episode of {episode_text} of work; {other} "
+            f"episode of {episode_text} of work ({until}); {other} "
             f"{'impossible' if math.isinf(other_s) else f'{other_s:,.0f} s'}), "
             f"{row['straggler_loss']:.2%} of wall time")
 

@@ -25,7 +25,15 @@ from apps.format import (
     print_json,
     print_table,
 )
-from apps.plan_options import add_plan_options, global_batch_of, json_extras, report, search_kwargs
+from apps.plan_options import (
+    add_plan_options,
+    check_device_flags,
+    global_batch_of,
+    json_extras,
+    report,
+    search_kwargs,
+    write_csv_files,
+)
 from apps.train_options import (
     add_train_options,
     train_json,
@@ -81,6 +89,32 @@ def devices_searched(args: argparse.Namespace, cluster) -> str:
     return f"{n} devices"
 
 
+def dtype_notes(dtypes) -> list[str]:
+    """The lines under a plan table that explain its dtypes' figures: a low-precision
+    recipe's MFU is against the bf16 peak (`simulator.step.simulate`, as torchtitan and
+    Megatron-Bridge report it); fp16 reduces its gradients in fp16 where bf16 reduces them in
+    fp32 (`simulator.step.stagecosts.SimOptions.grad_reduce_bytes`, Megatron's default), so
+    an fp16 plan can predict a shorter step than the same bf16 one.
+
+    >>> dtype_notes(["bf16"])
+    []
+    >>> [n[:48] for n in dtype_notes(["nvfp4", "fp16"])]
+    ['MFU of the nvfp4 rows is against the bf16 peak (', 'fp16 rows reduce gradients in fp16 (2 bytes), bf']
+    """
+    from planner.precision import RECIPES
+    notes = []
+    if recipes := sorted({d for d in dtypes if d in RECIPES}):
+        notes.append(f"MFU of the {' / '.join(recipes)} rows is against the bf16 peak (as "
+                     f"torchtitan and Megatron-Bridge report it): their GEMMs run at a higher "
+                     f"peak, so it can exceed what bf16 reaches")
+    if "fp16" in set(dtypes):
+        notes.append("fp16 rows reduce gradients in fp16 (2 bytes), bf16 rows in fp32 (4 "
+                     "bytes, as Megatron accumulates them): half the data-parallel traffic, "
+                     "so an fp16 plan can be faster than the same bf16 one; it needs loss "
+                     "scaling")
+    return notes
+
+
 def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
     """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
     for flag in flags:
@@ -101,6 +135,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     require_positive(args, "--restart-s", "--spare-delay-s", "--show-rejected", allow_zero=True)
     check_straggler_flags(args)
     require_positive(args, "--top-k", "--prune")
+    check_device_flags(args)
     check_output_path("--out", args.out)
     check_output_path("--csv", getattr(args, "csv", None), folder=True)
     model = load_model(args.model)
@@ -108,6 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         model = model.replace(seq_len=args.seq_len)
     cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
                                  getattr(args, "cpu_profile", None))
+    check_device_flags(args, cluster.num_devices)
     gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
     tokens = train_tokens(args, gb, model.seq_len)
     # What is searched goes to stderr before the search, the results (and --out) after it:
@@ -136,6 +172,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_plan_file(args.out, PlanFile(
             model=model, plan=best, prediction=result.predictions[best.id].to_dict(),
             cluster=cluster_ref(cluster, best, args.cluster)))
+    wrote_csv = write_csv_files(args, result)
     if args.json:
         keys = PLAN_JSON_KEYS + [k for k in PLAN_JSON_EXTRA + list(GOODPUT_COLUMNS)
                                  + list(TRAIN_COLUMNS) if k in ranked]
@@ -165,6 +202,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     shown["dtype"].iloc[0] not in ("bf16", "fp32"):
                 columns["dtype"] = ("dtype", None)
             print_table(console, ranked, "ranked plans (best first)", columns, limit=args.top)
+            for note in dtype_notes(shown["dtype"]):
+                console.print(note, highlight=False, markup=False)
         refined = int((ranked["tier"] == "simulated").sum())
         oom = rejected["reason"].str.startswith("out of memory")
         console.print(f"{len(ranked)} legal plans ({refined} best refined by SimPy, the rest "
@@ -174,7 +213,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if kind.any():
                 row = rejected[kind].iloc[0]
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False, markup=False)
-    report(console, args, result)
+    report(console, args, result, wrote_csv)
     if args.out:  # no legal plan: `best` raises, naming the commonest reasons
         console.print(f"wrote {args.out} ({result.best.id})", markup=False)
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
@@ -197,7 +236,8 @@ def _with_expert_columns(columns: dict, shown) -> dict:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``plan`` on the subcommand parser ``sub``."""
     sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
-    sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}) or YAML")
+    sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}), a model "
+                    f"YAML file, or a plan file (the model it was planned for)")
     sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, dgx-h200, "
                     "dgx-b200, dgx-h100-roce, pcie-a100, localhost-cpu) or a cluster YAML file")
     sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")

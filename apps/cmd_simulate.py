@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
@@ -17,6 +16,7 @@ from apps.format import (
     fmt_pct,
     fmt_rate,
     fmt_time_s,
+    output_file,
     print_json,
 )
 
@@ -25,6 +25,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from apps.clusters import (
         check_plan_dtype,
         cluster_of_plan_file,
+        memory_overrun,
         memory_warning,
         profile_line,
     )
@@ -37,6 +38,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     pf = read_plan_file(args.plan)
     cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
     check_plan_dtype(pf, cluster)
+    overrun = memory_overrun(pf, cluster)
     if (warning := memory_warning(pf, cluster)) is not None:
         from rich.console import Console
         Console(stderr=True, soft_wrap=True).print(warning, highlight=False, markup=False)
@@ -45,9 +47,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                     stragglers=stragglers)
     if getattr(args, "trace", None):
         from simulator.step.trace import write_chrome_trace
-        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
-        write_chrome_trace(pred.events, args.trace)
-    out = {"id": pf.plan.id, **pred.to_dict()}
+        trace_path = output_file(args.trace)
+        write_chrome_trace(pred.events, trace_path)
+    # fits: every stage within the memory a search allows (`memory_overrun`); when not, the
+    # figures assume it did and out_of_memory says by how much
+    out = {"id": pf.plan.id, **pred.to_dict(), "fits": overrun is None,
+           "out_of_memory": overrun}
     if stragglers:
         out["stragglers"] = {str(rank): factor for rank, factor in stragglers.items()}
         out["healthy_step_time_s"] = simulate(pf.model, pf.plan, cluster).step_time_s

@@ -73,7 +73,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     points = sweep_grid(_list("--gpus", args.gpus, int), args.node_types.split(","), _list("--nic-gbps", args.nic_gbps,
                                                                  float),
                         _list("--oversubscription", args.oversubscription, float),
-                        base=args.base)
+                        base=args.base, names={"gpus": "--gpus", "node_types": "--node-types",
+                                               "nic_Gbps": "--nic-gbps",
+                                               "oversubscription": "--oversubscription"})
     prices = _prices(args.price)
     grid_types = sorted({p.node_type for p in points})
     for name in prices:

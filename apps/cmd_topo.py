@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import check_output_path, print_json, print_table, write_csv
+from apps.format import check_output_path, output_file, print_json, print_table, write_csv
 from planner.spec import PlanError
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ def parse_size(text: str) -> int:
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
     if not m or float(m.group(1)) <= 0:
-        raise PlanError(f"size={text!r} is not a positive size like 1M, 64M, 1G or 4096")
+        raise PlanError(f"--sizes {text!r} is not a positive size like 1M, 64M, 1G or 4096 "
+                        f"(bytes; K, M, G, T in powers of 2)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
@@ -156,7 +157,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         out["placement"] = {"plan": plan.id, "order": order,
                             "groups": [g.to_dict() for g in placement_report(plan, cluster)]}
     if args.png:
-        out["png"] = draw_png(cluster, args.png, max_nodes=args.draw_nodes)
+        out["png"] = draw_png(cluster, str(output_file(args.png)), max_nodes=args.draw_nodes)
     if args.json:
         print_json(out)
         return 0

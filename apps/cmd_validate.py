@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from apps.format import check_output_path, fmt_pct, fmt_time_s, print_json, print_table, write_csv
+from apps.format import (
+    check_output_path,
+    fmt_pct,
+    fmt_time_s,
+    output_file,
+    print_json,
+    print_table,
+    write_csv,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,7 +69,7 @@ def plot_scatter(results: dict[str, dict], path: str) -> None:
            ylabel="predicted step time (s)", title="meshplan validate: predicted vs measured")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(output_file(path), dpi=120)
     plt.close(fig)
 
 
@@ -191,6 +199,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 0
     only_cp = getattr(args, "context_parallel", False)
     result = validate_runs(args.runs, keep=(lambda case: case.plan.cp > 1) if only_cp else None)
+    if not result["rows"]:
+        # only --context-parallel leaves none without an error above: the table has no cp row
+        from planner.spec import PlanError
+        raise PlanError(f"--context-parallel: {args.runs} has no row with cp > 1 that could "
+                        f"be simulated; give a table with context-parallel rows (e.g. "
+                        f"../shared/data/published_runs.csv) or leave out --context-parallel")
     if getattr(args, "csv", None):
         write_csv(result["rows"], args.csv)
     if getattr(args, "plot", None) and result["rows"]:
@@ -210,9 +224,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for row in result["skipped"]:
         console.print(f"skipped {row['id']}: {row['reason']}", highlight=False,
                       soft_wrap=True, markup=False)
-    if not result["rows"]:
-        console.print(f"{args.runs}: no row could be simulated", highlight=False, markup=False)
-        return 1
     import pandas as pd
     df = pd.DataFrame(result["rows"])
     title = "context-parallel rows (cp > 1)" if only_cp else "predicted vs reference step time"

@@ -193,11 +193,19 @@ def check_output_path(flag: str, path: str | Path | None, *, folder: bool = Fals
                         f"choose a writable folder") from None
 
 
+def output_file(path: str | Path) -> Path:
+    """``path`` as a `Path`, its missing parent folders created: what every writer of a file
+    that a flag names (--csv, --png, --plot, --slurm, ...) calls just before writing, after
+    `check_output_path` cleared the path before any work."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Write table rows as CSV in SI units (nested values as JSON); parent folders created."""
     import pandas as pd
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = output_file(path)
     flat = [{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()}
             for row in rows]
     pd.DataFrame(flat).to_csv(path, index=False)

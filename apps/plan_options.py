@@ -63,7 +63,8 @@ def _value(name: str, text: str) -> object:
         except ValueError:
             hint = (f"; {text!r} is another field: give one --fix per field, e.g. "
                     f"--fix {name}=V --fix {text}" if "=" in text else "")
-            raise PlanError(f"--fix {name}={text!r}: {name} takes integers{hint}") from None
+            raise PlanError(f"--fix {name}={text!r}: {name} takes integers, e.g. --fix "
+                            f"{name}=2 or --fix {name}=2,4{hint}") from None
     if name == "sequence_parallel":
         if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
             raise PlanError(f"--fix sequence_parallel={text!r}: use true or false")
@@ -123,6 +124,24 @@ def global_batch_of(args: argparse.Namespace, seq_len: int) -> int | None:
     return tokens // seq_len
 
 
+def check_device_flags(args: argparse.Namespace, cluster_devices: int | None = None) -> None:
+    """Raise `PlanError` naming the flag when --devices / --max-devices are both given, not
+    positive, or (``cluster_devices`` given) more than the cluster has; before the search,
+    whose own check names its keywords."""
+    devices, most = getattr(args, "devices", None), getattr(args, "max_devices", None)
+    if devices is not None and most is not None:
+        raise PlanError(f"--devices {devices} and --max-devices {most}: give one (--devices N "
+                        f"uses exactly N devices, --max-devices N at most N)")
+    for flag, n in (("--devices", devices), ("--max-devices", most)):
+        if n is not None and n < 1:
+            raise PlanError(f"{flag}={n} must be >= 1 (e.g. {flag} 8); leave it out to use "
+                            f"every device of the cluster")
+        if n is not None and cluster_devices is not None and n > cluster_devices:
+            raise PlanError(f"{flag}={n} is more than the cluster's {cluster_devices} "
+                            f"devices; give at most {cluster_devices}, or a larger cluster (--nodes, or "
+                            f"--ranks on localhost-cpu)")
+
+
 def search_kwargs(args: argparse.Namespace) -> dict:
     """The `planner.search.search` keywords the options set (absent ones keep the defaults)."""
     return {"space": parse_fixed(getattr(args, "fix", None) or []),
@@ -139,15 +158,25 @@ def json_extras(result) -> dict:
     return {"infeasible": result.infeasible.to_dict()} if result.infeasible else {}
 
 
-def report(console: Console, args: argparse.Namespace, result) -> None:
-    """Write --csv files; print the infeasibility answer (human output only)."""
-    if getattr(args, "csv", None):
-        folder = Path(args.csv)
-        folder.mkdir(parents=True, exist_ok=True)
-        result.ranked.to_csv(folder / "ranked.csv", index=False)
-        result.rejected.to_csv(folder / "rejected.csv", index=False)
-        console.print(f"wrote {folder / 'ranked.csv'} and {folder / 'rejected.csv'}",
-                      highlight=False, markup=False)
+def write_csv_files(args: argparse.Namespace, result) -> str | None:
+    """Write the --csv folder's ranked.csv and rejected.csv (parent folders created) and
+    return the line that says so, or None without --csv. Called before anything is printed:
+    a reader that stops early (``| head``) does not cost the files."""
+    if not getattr(args, "csv", None):
+        return None
+    folder = Path(args.csv)
+    folder.mkdir(parents=True, exist_ok=True)
+    result.ranked.to_csv(folder / "ranked.csv", index=False)
+    result.rejected.to_csv(folder / "rejected.csv", index=False)
+    return f"wrote {folder / 'ranked.csv'} and {folder / 'rejected.csv'}"
+
+
+def report(console: Console, args: argparse.Namespace, result,
+           wrote: str | None = None) -> None:
+    """Print ``wrote`` (`write_csv_files`' line) and the infeasibility answer (human output
+    only)."""
+    if wrote:
+        console.print(wrote, highlight=False, markup=False)
     if args.json:
         return
     per_kind = getattr(args, "show_rejected", 0)

@@ -23,6 +23,7 @@ import yaml
 from planner import __version__
 from planner.presets import model_from_dict
 from planner.spec import ModelSpec, Plan, PlanError, unknown_fields_message
+from planner.userfile import read_yaml
 
 SCHEMA_VERSION = 1
 
@@ -176,16 +177,6 @@ def write_plan_file(path: str | Path, plan_file: PlanFile) -> Path:
     return path
 
 
-def _other_file_kind(data: dict) -> str | None:
-    # 'model' or 'cluster' when a mapping without the plan file's blocks has that file's keys
-    if "plan" in data or "schema_version" in data:
-        return None
-    if "kind" in data or "node_type" in data or "nic" in data:
-        return "cluster"
-    model_keys = {f.name for f in dataclasses.fields(ModelSpec)}
-    return "model" if model_keys & set(data) else None
-
-
 def read_plan_file(path: str | Path) -> PlanFile:
     """Read and validate a plan file.
 
@@ -194,23 +185,10 @@ def read_plan_file(path: str | Path) -> PlanFile:
             invalid model or plan.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PlanError(f"plan file {str(path)!r} does not exist; write one with "
                         f"`meshplan plan ... --out {path}`")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise PlanError(f"plan file {path} is not valid YAML: {exc}") from None
-    if data is None:
-        raise PlanError(f"plan file {path} is empty; write one with "
-                        f"`meshplan plan ... --out {path}`")
-    if not isinstance(data, dict):
-        raise PlanError(f"plan file {path} must hold a mapping, got {type(data).__name__}")
-    kind = _other_file_kind(data)
-    if kind is not None:
-        raise PlanError(f"plan file {path} looks like a {kind} file, not a plan file (a plan "
-                        f"file has schema_version, model, plan and cluster); make one with "
-                        f"`meshplan plan --model ... --cluster ... --out plan.yaml`")
+    data = read_yaml(path, "plan")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise PlanError(f"plan file {path}: schema_version={version!r} is not supported; "

@@ -46,27 +46,25 @@ def model_from_dict(fields: dict, name: str = "custom") -> ModelSpec:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name (see `model_names`), or a model YAML file by path.
+    """A model preset by name (see `model_names`), or a model YAML file by path; a plan file
+    (`planner.planfile`) gives the model it was planned for (its ``model`` block).
 
     Raises:
-        PlanError: the name is neither a preset nor a readable file, or the file is invalid.
+        PlanError: the name is neither a preset nor a readable file, or the file is invalid
+            (not UTF-8, not YAML, empty, another kind of file: `planner.userfile.read_yaml`).
     """
+    from planner.userfile import read_yaml
     presets = _model_presets()
     if name_or_path in presets:
         return model_from_dict(presets[name_or_path], name=name_or_path)
     path = Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():
         raise PlanError(f"model={name_or_path!r} is neither a preset ({model_names()}) "
                         f"nor an existing YAML file")
-    try:
-        fields = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise PlanError(f"model file {path} is not valid YAML: {exc}") from None
-    if isinstance(fields, dict) and "model" in fields and isinstance(fields["model"], dict):
-        fields = fields["model"]
-    if not isinstance(fields, dict):
-        kind = "empty" if fields is None else f"a YAML {type(fields).__name__}"
-        raise PlanError(f"model file {path} is {kind}, not a mapping of model fields; write "
-                        f"e.g. 'num_layers: 32', 'hidden: 4096', 'num_heads: 32', one per line "
-                        f"(the README's custom model example lists them)")
+    fields = read_yaml(path, "model", also=("plan",))
+    if "plan" in fields or "schema_version" in fields:
+        fields = fields.get("model")
+        if not isinstance(fields, dict):
+            raise PlanError(f"plan file {str(path)!r} given as the model has no 'model' "
+                            f"mapping; give a model preset or a model YAML file")
     return model_from_dict(dict(fields), name=fields.get("name", path.stem))

@@ -46,8 +46,10 @@ class SweepPoint:
 def sweep_grid(gpus: Sequence[int], node_types: Sequence[str],
                nic_Gbps: Sequence[float | None] = (None,),
                oversubscription: Sequence[float | None] = (None,),
-               base: str = "dgx-h100") -> list[SweepPoint]:
-    """Every combination of the axes, node type outermost.
+               base: str = "dgx-h100",
+               names: Mapping[str, str] | None = None) -> list[SweepPoint]:
+    """Every combination of the axes, node type outermost (``names``: what messages call the
+    axes, e.g. the command's flags; `simulator.network.variants.check_variant`).
 
     >>> [(p.gpus, p.node_type) for p in sweep_grid([8, 16], ["dgx-a100", "dgx-h100"])]
     [(8, 'dgx-a100'), (16, 'dgx-a100'), (8, 'dgx-h100'), (16, 'dgx-h100')]
@@ -60,11 +62,12 @@ def sweep_grid(gpus: Sequence[int], node_types: Sequence[str],
     for name, axis in (("gpus", gpus), ("node_types", node_types), ("nic_Gbps", nic_Gbps),
                        ("oversubscription", oversubscription)):
         if not axis:
-            raise PlanError(f"sweep axis {name} is empty; give at least one value")
+            raise PlanError(f"sweep axis {(names or {}).get(name, name)} is empty; give at "
+                            f"least one value")
     points = [SweepPoint(gpus=g, node_type=t, nic_Gbps=n, oversubscription=o, base=base)
               for t, g, n, o in itertools.product(node_types, gpus, nic_Gbps, oversubscription)]
     for p in points:
-        check_variant(p.base, p.node_type, p.gpus, p.nic_Gbps, p.oversubscription)
+        check_variant(p.base, p.node_type, p.gpus, p.nic_Gbps, p.oversubscription, names)
     return points
 
 

@@ -64,7 +64,7 @@ def test_the_bottom_layer_imports_nothing_of_the_other_packages():
 def test_the_simulator_uses_only_the_planner_bottom_layer():
     # specs, the mesh layout and the model presets: never the search that calls it
     allowed = {"planner", "planner.spec", "planner.mesh", "planner.flops", "planner.presets",
-               "planner.precision"}
+               "planner.precision", "planner.userfile"}
     bad = [(a, b) for a, b in _imports_of("simulator") if b.split(".")[0] == "planner"
            and b not in allowed]
     assert bad == []

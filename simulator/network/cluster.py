@@ -29,6 +29,7 @@ import yaml
 
 from planner.precision import CPU_DTYPE, check_default_dtype
 from planner.spec import PlanError, require_bool
+from planner.userfile import read_yaml
 from simulator import PRESET_DIR
 from simulator.network.cluster_keys import check_cluster_keys
 from simulator.network.cpu_profile import CpuProfile, read_profile
@@ -492,18 +493,10 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
         name, spec = name_or_path, presets[name_or_path]
     else:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path.exists():
             raise PlanError(f"cluster={name_or_path!r} is neither a preset ({cluster_names()}) "
                             f"nor an existing YAML file")
-        try:
-            name, spec = path.stem, yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise PlanError(f"cluster file {name_or_path!r} is not valid YAML: "
-                            f"{str(exc).splitlines()[0]}") from None
-        if spec is None:
-            raise PlanError(f"cluster file {name_or_path!r} is empty; a cluster file holds "
-                            f"kind: gpu (with node_type, nodes, nic, fabric) or kind: "
-                            f"localhost, as docs/clusters.md shows")
+        name, spec = path.stem, read_yaml(path, "cluster")
     return cluster_from_spec(name, spec, nodes=nodes, ranks=ranks, profile=profile,
                              cpu_profile=cpu_profile,
                              base_dir=None if path is None else path.parent)

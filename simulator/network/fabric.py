@@ -31,8 +31,15 @@ def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = Fa
     """``value`` as a float if it is a number > 0 (>= 0 with ``zero_ok``), else a `PlanError`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
             or (value == 0 and not zero_ok):
+        # YAML 1.1 reads 25e9 (no dot, no exponent sign) as the string '25e9'
+        hint = ""
+        if isinstance(value, str):
+            try:
+                hint = f" (write {float(value):.1e}, not {value}, in YAML)"
+            except ValueError:
+                pass
         raise PlanError(f"{name}={value!r} must be a number {'>= 0' if zero_ok else '> 0'} "
-                        f"for cluster {cluster!r} (write 25.0e+9, not 25e9, in YAML)")
+                        f"for cluster {cluster!r}{hint}")
     return float(value)
 
 
@@ -100,6 +107,19 @@ def fabric_layout(name: str, fab: dict, nodes: int, per_node: int, nics: int,
             raise PlanError(f"cluster {name!r}: fabric.switch_radix={radix} leaves no leaf port "
                             f"for a node's {ports_per_node} NICs; use switch_radix >= "
                             f"{2 * ports_per_node}")
+    # The wiring of `build_gpu_graph`: a rail-optimised leaf takes NIC r of each of its
+    # nodes (one port a node), a fat-tree leaf every NIC of its nodes.
+    down = per_leaf * ports_per_node
+
+    def leaf_fix() -> str:
+        return _leaf_fix(radix, ports_per_node, nodes, fab.get("tiers"), fab.get("spines"))
+    if down > radix:
+        wired = ("one NIC of each node (its rail)" if topology == "rail-optimized"
+                 else f"all {nics} NICs of each node")
+        raise PlanError(f"cluster {name!r}: fabric.nodes_per_leaf={per_leaf} x "
+                        f"{ports_per_node} NIC port(s) per node = {down} downlinks per leaf, "
+                        f"more than fabric.switch_radix={radix} (a {topology} leaf takes "
+                        f"{wired}); {leaf_fix()}")
     leaf_up = per_leaf * ports_per_node * nic_bw / over
     sus = math.ceil(nodes / per_leaf)
     leaves = sus * (nics if topology == "rail-optimized" else 1)
@@ -114,6 +134,11 @@ def fabric_layout(name: str, fab: dict, nodes: int, per_node: int, nics: int,
                         f"{need}; use tiers: {auto}")
     spines = check_positive_int("fabric.spines", fab.get("spines", max(1, radix - per_leaf
                                                                * ports_per_node)), name)
+    if tiers > 1 and down + spines > radix:
+        raise PlanError(f"cluster {name!r}: a leaf has {down} downlinks (fabric.nodes_per_leaf="
+                        f"{per_leaf} x {ports_per_node} NIC port(s)) and one uplink to each of "
+                        f"{spines} spine(s): {down + spines} ports, more than "
+                        f"fabric.switch_radix={radix}; {leaf_fix()}")
     per_pod, pod_up = nodes, math.inf
     if tiers == 3:
         # A pod: the leaves under one spine layer of radix/2 down ports (per rail).
@@ -147,6 +172,32 @@ def _add_intra(g: nx.Graph, n: int, per_node: int, intra: dict) -> None:
                    latency_s=lat / 4)
     for s in range(math.ceil(per_node / per_sw)):
         g.add_edge(("pcie", n, s), ("host", n), bandwidth_Bps=bw, latency_s=lat / 4)
+
+
+def max_nodes_per_leaf(radix: int, ports_per_node: int, nodes: int, tiers: object = None,
+                       spines: object = None) -> int:
+    """The most nodes a leaf of ``radix`` ports can take, ``ports_per_node`` ports each (1 on
+    a rail-optimised fabric, the NIC count on a fat-tree), for ``nodes`` servers: every port
+    down while one leaf (per rail) holds them all and ``tiers`` asks for no spines, else one
+    port up to each spine (``spines``, default the ports left over: at least one). 0: none.
+
+    >>> max_nodes_per_leaf(64, 8, 16), max_nodes_per_leaf(64, 8, 8), max_nodes_per_leaf(8, 1, 16)
+    (7, 8, 7)
+    """
+    for per_leaf in range(radix // ports_per_node, 0, -1):
+        down = per_leaf * ports_per_node
+        uplinks = (tiers or 1) > 1 or math.ceil(nodes / per_leaf) > 1
+        if not uplinks or down + (spines or max(1, radix - down)) <= radix:
+            return per_leaf
+    return 0
+
+
+def _leaf_fix(radix: int, ports_per_node: int, nodes: int, tiers: object,
+              spines: object) -> str:
+    most = max_nodes_per_leaf(radix, ports_per_node, nodes, tiers, spines)
+    if most:
+        return f"use nodes_per_leaf <= {most} (or a larger switch_radix)"
+    return "use a larger switch_radix" + (" or fewer spines" if spines else "")
 
 
 def build_gpu_graph(fab: Fabric, intra: dict) -> nx.Graph:

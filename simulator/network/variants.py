@@ -11,6 +11,7 @@ cluster file, so the same checks apply.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 from planner.spec import PlanError
 from simulator.network.cluster import (
@@ -54,8 +55,10 @@ def variant_spec(base: str, node_type: str, nic_Gbps: float | None = None,
 
 
 def check_variant(base: str, node_type: str, gpus: int, nic_Gbps: float | None = None,
-                  oversubscription: float | None = None) -> None:
-    """Check a variant without building its graph.
+                  oversubscription: float | None = None,
+                  names: Mapping[str, str] | None = None) -> None:
+    """Check a variant without building its graph; ``names`` calls the arguments in messages
+    what the caller's user wrote (e.g. ``{"gpus": "--gpus"}``).
 
     Raises:
         PlanError: as `variant_spec`; ``gpus`` not a positive multiple of the node type's
@@ -63,14 +66,20 @@ def check_variant(base: str, node_type: str, gpus: int, nic_Gbps: float | None =
     """
     _, spec = variant_spec(base, node_type, nic_Gbps, oversubscription)
     per_node = spec.get("devices_per_node", _node_types()[node_type]["devices_per_node"])
+    name = {"gpus": "gpus", "nic_Gbps": "nic_Gbps", "oversubscription": "oversubscription",
+            **(names or {})}
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or gpus % per_node:
-        raise PlanError(f"gpus={gpus!r} is not a whole number of {node_type} nodes of "
-                        f"{per_node} GPUs; use a positive multiple of {per_node}")
+        near = max(per_node, round(gpus / per_node) * per_node) if isinstance(gpus, int) \
+            else per_node
+        raise PlanError(f"{name['gpus']}={gpus!r} is not a whole number of {node_type} nodes "
+                        f"of {per_node} GPUs; use a positive multiple of {per_node} (e.g. "
+                        f"{near})")
     if nic_Gbps is not None and not nic_Gbps > 0:
-        raise PlanError(f"nic_Gbps={nic_Gbps!r} must be > 0 (line rate of one NIC, Gb/s)")
+        raise PlanError(f"{name['nic_Gbps']}={nic_Gbps:g} must be > 0: the line rate of one "
+                        f"NIC in Gb/s (e.g. 400)")
     if oversubscription is not None and not oversubscription >= 1:
-        raise PlanError(f"oversubscription={oversubscription!r} must be >= 1 (leaf downlink "
-                        f"/ uplink bandwidth; 1 = non-blocking)")
+        raise PlanError(f"{name['oversubscription']}={oversubscription:g} must be >= 1 (leaf "
+                        f"downlink / uplink bandwidth; 1 = non-blocking)")
 
 
 def cluster_variant(base: str, node_type: str, gpus: int, nic_Gbps: float | None = None,

@@ -92,7 +92,7 @@ def compute_by_class_s(model: ModelSpec, plan: Plan, cluster,
     return dict(out)
 
 
-IN_LAYER = "in-layer tp/cp/zero3"
+IN_LAYER = "in-layer tp/cp/ep/zero3"
 # the names of the other comm-stream events (simulator/step/pipeline.py), for a reader
 COMM_EVENT_LABELS = {"dp-grad-reduce": "data-parallel gradient reduce",
                      "dp-weight-gather": "ZeRO weight all-gather"}
@@ -102,8 +102,10 @@ def comm_kind(name: str, plan: Plan | None = None) -> str:
     """The kind of comm-stream event ``name``.
 
     The in-layer collectives ("tp-F3", "tp-B3") hold what the simulator merges per
-    micro-batch: TP's all-reduces (or SP's all-gathers / reduce-scatters), the CP ring and
-    ZeRO-3's per-layer gathers and reduce-scatters. Without ``plan`` they are one key,
+    micro-batch: TP's all-reduces (or SP's all-gathers / reduce-scatters), the CP ring,
+    the MoE layers' exposed expert-parallel dispatch / combine all-to-all
+    (`simulator.step.moe.chunk_moe_terms`, added to the block's comm in
+    `simulator.step.costs`) and ZeRO-3's per-layer gathers and reduce-scatters. Without ``plan`` they are one key,
     `IN_LAYER`, and the other events keep their names ("dp-grad-reduce"), so two plans'
     kinds line up (`meshplan diff`). With ``plan`` every kind is a label for a reader that
     names only the collectives that plan has.
@@ -118,6 +120,8 @@ def comm_kind(name: str, plan: Plan | None = None) -> str:
                                            if plan.sequence_parallel else "all-reduce"))
     if plan.cp > 1:
         parts.append("context-parallel ring")
+    if plan.ep > 1:
+        parts.append("expert-parallel all-to-all")
     if plan.zero_stage == 3:
         parts.append("ZeRO-3 weight gather / gradient reduce-scatter")
     return " + ".join(parts) or IN_LAYER
@@ -125,7 +129,7 @@ def comm_kind(name: str, plan: Plan | None = None) -> str:
 
 def comm_by_kind_s(events: list[tuple]) -> dict[str, float]:
     """{kind: seconds} of the comm-stream events of the stage that finishes last, keyed by
-    `comm_kind` without a plan ("in-layer tp/cp/zero3", "dp-grad-reduce")."""
+    `comm_kind` without a plan ("in-layer tp/cp/ep/zero3", "dp-grad-reduce")."""
     if not events:
         return {}
     critical = max(events, key=lambda e: e[4])[0]

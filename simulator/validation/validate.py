@@ -69,6 +69,7 @@ Defaults (never tuned per row):
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from collections.abc import Callable
@@ -78,6 +79,7 @@ from pathlib import Path
 
 from planner.precision import block_scaled_device
 from planner.spec import ModelSpec, Plan, PlanError, balanced_split, check_experts
+from planner.userfile import read_text
 from simulator import PRESET_DIR
 from simulator.network.cluster import Cluster, load_cluster
 from simulator.step.compute import attention_kernel_rate, load_framework
@@ -237,6 +239,40 @@ OPTIONAL_COUNTS = ("kv_heads", "ffn_hidden", "vocab", "tp", "pp", "dp", "cp", "v
                    "micro_batch")
 
 
+#: The first word of a ``recompute`` cell and the recompute it names ("full AC (...)",
+#: "selective ['mlp']", "none set in perf recipe" as the shipped tables write them); None: the
+#: framework's default (activation CPU offload moves activations, it recomputes nothing).
+RECOMPUTE_WORDS = {"full": "full", "yes": "full", "true": "full", "on": "full",
+                   "selective": "selective",
+                   "none": "none", "no": "none", "false": "none", "off": "none",
+                   "activation": None}
+#: The first word of a ``sequence_parallel`` cell ("True (torchtitan TP)") and its value.
+SEQUENCE_PARALLEL_WORDS = {"yes": True, "true": True, "on": True,
+                           "no": False, "false": False, "off": False}
+#: How the reference step time was got: printed by the source, derived from its throughput
+#: (../shared/data/README.md), or measured on the user's own run.
+STEP_TIME_KINDS = ("reported", "derived", "measured")
+_CELL_FORMS = {
+    "recompute": "a cell starting with full, selective or none (yes/true/on read as full, "
+                 "no/false/off as none, 'activation CPU offload ...' as the framework's "
+                 "default), or empty for the framework's default",
+    "sequence_parallel": "yes or no (true/false, on/off; a note may follow the word), or "
+                         "empty for the framework's default",
+    "ref_step_time_kind": "reported (printed by the source), derived (from its throughput) or "
+                          "measured (your own run)",
+}
+
+
+def first_word(cell: str | None) -> str:
+    """The lower-case first word of a table cell, up to a space, comma, semicolon or bracket
+    (the shipped tables follow a value with a note).
+
+    >>> first_word("full, block, 5 layers"), first_word("True (torchtitan TP)"), first_word("")
+    ('full', 'true', '')
+    """
+    return re.split(r"[\s,;(\[]+", (cell or "").strip().lower(), maxsplit=1)[0]
+
+
 def malformed_cell(row: dict) -> str | None:
     """What is wrong with a published-runs row's cells, naming the column, the value and the
     fix; None when they can be read. A count that is not a whole number > 0, a reference step
@@ -248,6 +284,8 @@ def malformed_cell(row: dict) -> str | None:
     "layers='forty' is not a whole number > 0; give the count (e.g. 40)"
     >>> malformed_cell({"ref_step_time_s": "-2.9"})
     "ref_step_time_s='-2.9' is not a step time > 0; give the measured seconds per step"
+    >>> malformed_cell({"recompute": "fulll"})[:50]
+    "recompute='fulll' is not a value it takes; write a"
     >>> malformed_cell({"num_gpus": "256", "tp": "1", "pp": "1", "dp": "128"})[:60]
     'num_gpus=256 but tp*cp*pp*dp = 1*1*1*128 = 128 (ep adds no r'
     """
@@ -272,6 +310,13 @@ def malformed_cell(row: dict) -> str | None:
         if not (seconds > 0 and math.isfinite(seconds)):
             return (f"ref_step_time_s={cell!r} is not a step time > 0; give the measured "
                     f"seconds per step")
+    for column, words in (("recompute", RECOMPUTE_WORDS),
+                          ("sequence_parallel", SEQUENCE_PARALLEL_WORDS),
+                          ("ref_step_time_kind", STEP_TIME_KINDS)):
+        cell = (row.get(column) or "").strip()
+        word = cell.lower() if column == "ref_step_time_kind" else first_word(cell)
+        if cell and word not in words:
+            return f"{column}={cell!r} is not a value it takes; write {_CELL_FORMS[column]}"
     tp, cp, pp = (counts.get(k, 1) for k in ("tp", "cp", "pp"))
     gpus, dp = counts.get("num_gpus"), counts.get("dp")
     if gpus is not None and dp is not None and tp * cp * pp * dp != gpus:
@@ -491,24 +536,19 @@ def _published_case(row: dict) -> RunCase:
     elif mb is None:
         mb = gb // dp if d["micro_batch"] == "per-gpu-batch" else int(d["micro_batch"])
         flags.append(f"micro_batch={int(mb)} (default)")
-    rec = (row["recompute"] or "").strip().lower()
-    if rec.startswith("selective"):
-        recompute = "selective"
-    elif rec.startswith(("full", "yes", "true", "on")):
-        recompute = "full"
-    elif rec.startswith(("none", "no", "false", "off")):
-        recompute = "none"
-    else:
+    # the words `malformed_cell` accepts; an empty cell (or a CPU offload) is the default
+    rec = (row["recompute"] or "").strip()
+    recompute = RECOMPUTE_WORDS.get(first_word(rec))
+    if recompute is None:
         recompute = d["recompute"]
         flags.append(f"recompute={recompute} (default for {fw.name} rows)")
-    # The cell's first word: "True (torchtitan TP shards norms/sequence)" reads as True.
-    sp_cell = ((row["sequence_parallel"] or "").strip().lower().split() or [""])[0]
-    if sp_cell in ("yes", "no", "true", "false", "on", "off"):
-        sp = sp_cell in ("yes", "true", "on") and tp > 1
-    else:
+    sp = SEQUENCE_PARALLEL_WORDS.get(first_word(row["sequence_parallel"]))
+    if sp is None:
         sp = bool(d["sequence_parallel"]) and tp > 1
         if tp > 1:
             flags.append(f"sequence_parallel={sp} (default)")
+    else:
+        sp = sp and tp > 1
     z_cell = (row["zero_stage"] or "").strip()
     zero = _zero_stage(z_cell) if z_cell else None
     if zero is None:
@@ -652,13 +692,12 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
         PlanError: the header matches neither format, or (``skipped`` not given) a row is bad.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PlanError(f"--runs {str(path)!r}: no such file; give published_runs.csv or a "
                         f"vTrain ground_truth_*.csv (e.g. ../shared/data/published_runs.csv)")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        columns = list(reader.fieldnames or [])
+    reader = csv.DictReader(io.StringIO(read_text(path, "--runs"), newline=""))
+    rows = list(reader)
+    columns = list(reader.fieldnames or [])
     header = set(columns)
     if "ref_step_time_s" in header:
         # a mistake in a cell refuses the table before any row is simulated
@@ -709,8 +748,8 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
     ``skipped`` with the reason and left out of the MAPE.
 
     Raises:
-        PlanError: the file is neither format, a cell is malformed (`malformed_cell`), or no
-            row could be simulated (the reasons of the first three).
+        PlanError: the file is neither format, a cell is malformed (`malformed_cell`), it
+            has no rows, or no row could be simulated (the reasons of the first three).
     """
     rows: list[dict] = []
     skipped: list[dict] = []
@@ -729,6 +768,10 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
                      "seq_len": case.model.seq_len, "predicted_step_time_s": pred,
                      "reference_step_time_s": ref, "rel_error": rel_error(pred, ref),
                      "flags": list(case.flags)})
+    if not rows and not skipped and keep is None:
+        raise PlanError(f"{Path(path).name} has a header but no rows; add one row per run "
+                        f"under the header (../shared/data/published_runs.csv shows the "
+                        f"columns, one measured run a line)")
     if not rows and skipped and keep is None:
         raise PlanError(f"{Path(path).name}: no row could be simulated; "
                         + "; ".join(f"{s['id']}: {s['reason']}" for s in skipped[:3])

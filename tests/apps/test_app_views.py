@@ -33,7 +33,7 @@ def test_uploaded_model_yaml_builds_the_spec():
 def test_uploaded_model_errors_name_the_problem():
     with pytest.raises(PlanError, match="not valid YAML"):
         views.model_from_inputs("upload", preset="llama3-8b", uploaded="a: [1,")
-    with pytest.raises(PlanError, match="must hold a mapping"):
+    with pytest.raises(PlanError, match="holds a YAML list, not a mapping"):
         views.model_from_inputs("upload", preset="llama3-8b", uploaded="- 1\n- 2\n")
     with pytest.raises(PlanError, match="unknown model field"):
         views.model_from_inputs("upload", preset="llama3-8b", uploaded="layers: 4\n")
@@ -203,3 +203,20 @@ def test_timeline_draws_the_overlapped_zero3_traffic():
     # hidden under the pass it overlaps, and not counted in the step
     assert ms["overlap-F0"] < ms["F0"] and ms["overlap-B0"] < ms["B0"]
     assert pred.step_time_s == pytest.approx(simulate(model, plan, cluster).step_time_s)
+
+
+def test_the_expert_all_to_all_is_named_in_layer_comm():
+    # tp = cp = 1, no ZeRO-3: at ep = 1 nothing runs on the in-layer events; at ep = 8 the
+    # MoE layers' dispatch / combine all-to-all does (simulator.step.costs adds the exposed
+    # part to the block's comm), so the label names expert parallelism
+    from simulator.step.breakdown import IN_LAYER, comm_by_kind_s
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=2)
+    kinds = {}
+    for ep in (1, 8):
+        plan = Plan(tp=1, pp=1, dp=16, ep=ep, micro_batch=1, global_batch=16)
+        pred = simulate(model, plan, cluster, trace=True)
+        kinds[ep] = (comm_by_kind_s(pred.events), views.step_breakdown(pred, plan))
+    assert IN_LAYER not in kinds[1][0] and kinds[8][0][IN_LAYER] > 0
+    assert "ep" in IN_LAYER.split()[-1].split("/")
+    parts = kinds[8][1].set_index("part")["seconds"]
+    assert parts["expert-parallel all-to-all"] == pytest.approx(kinds[8][0][IN_LAYER])

@@ -11,10 +11,10 @@ from planner.spec import Plan
 from simulator.step.simulate import simulate
 
 
-def _plan_file(tmp_path, name, plan):
+def _plan_file(tmp_path, name, plan, nodes=2):
     from apps.clusters import cluster_from_flags, cluster_ref
     model = load_model("llama3-8b")
-    cluster = cluster_from_flags("dgx-h100", 2, None, None)
+    cluster = cluster_from_flags("dgx-h100", nodes, None, None)
     pred = simulate(model, plan, cluster)
     path = tmp_path / name
     write_plan_file(path, PlanFile(model=model, plan=plan, prediction=pred.to_dict(),
@@ -71,3 +71,15 @@ def test_diff_of_a_plan_with_itself_says_they_are_the_same(tmp_path, capsys):
     assert main(["diff", a, a, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"].startswith(
         "A and B predict the same step within 0.5%")
+
+
+def test_diff_warns_when_the_device_counts_differ(tmp_path, capsys):
+    # 2 DGX H100 nodes (16 GPUs) against 1 (8 GPUs)
+    a, _, _ = _plan_file(tmp_path, "a.yaml", Plan(tp=8, pp=1, dp=2, micro_batch=4,
+                                                  global_batch=64))
+    b, _, _ = _plan_file(tmp_path, "b.yaml", Plan(tp=8, pp=1, dp=1, micro_batch=4,
+                                                  global_batch=64), nodes=1)
+    assert main(["diff", a, b]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: A runs on 16 devices, B on 8: the step times compare two machine sizes" \
+        in err

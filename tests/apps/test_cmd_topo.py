@@ -50,7 +50,7 @@ def test_topo_summary_png_and_placement(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,match", [
     (["collective", "gossip", "--cluster", "dgx-a100"], "collective 'gossip' is not one of"),
-    (["collective", "allreduce", "--cluster", "dgx-a100", "--sizes=0M"], "size='0M'"),
+    (["collective", "allreduce", "--cluster", "dgx-a100", "--sizes=0M"], "--sizes '0M'"),
     (["collective", "allreduce", "--cluster", "dgx-a100", "--ranks", "9"], r"ranks=9 must be"),
     (["topo", "dgx-z9"], "neither a preset"),
 ])

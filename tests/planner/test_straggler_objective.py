@@ -162,3 +162,18 @@ def test_json_csv_and_table_carry_the_straggler_term_and_rank_by_it(capsys, tmp_
     assert _plan("--objective", objective, "--tokens", "1T", "--straggler-rate", "1e-3") == 0
     out = capsys.readouterr().out
     assert "on straggler" in out and "a straggler: " in " ".join(out.split())
+
+
+@pytest.mark.parametrize("episode_s, says", [
+    # the episode ran to the job MTBF (no budget, or a budget whose half-run is longer)
+    (3600.0, "(until a failure's restart swaps the device: the job MTBF)"),
+    # half of a shorter run: grows with the token budget, up to the MTBF
+    (1800.0, "(half the run, the mean time left after an onset: a larger budget lasts "
+             "longer, up to the job MTBF)"),
+])
+def test_the_straggler_clause_says_what_ends_the_episode(episode_s, says):
+    from apps.cmd_faults import straggler_clause
+    row = {"straggler_policy": "evict", "straggler_stay_s": 80.0, "straggler_evict_s": 62.0,
+           "straggler_cost_s": 62.0, "straggler_episode_s": episode_s, "job_mtbf_s": 3600.0,
+           "straggler_loss": 0.0005}
+    assert says in straggler_clause(row)

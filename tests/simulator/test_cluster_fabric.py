@@ -142,3 +142,34 @@ def test_doctest_examples_pass(module):
     import doctest
     import importlib
     assert doctest.testmod(importlib.import_module(module)).failed == 0
+
+
+@pytest.mark.parametrize("fabric, match", [
+    # fat-tree: a leaf takes all 8 NICs of each DGX H200: 16 x 8 = 128 ports on 64; with
+    # uplinks (16 nodes need more than one leaf) at most 7 nodes: 7 x 8 = 56 down + 8 up
+    ({"topology": "fat-tree", "switch_radix": 64, "nodes_per_leaf": 16},
+     r"fabric.nodes_per_leaf=16 x 8 NIC port\(s\) per node = 128 downlinks per leaf, more "
+     r"than fabric.switch_radix=64 \(a fat-tree leaf takes all 8 NICs of each node\); use "
+     r"nodes_per_leaf <= 7"),
+    # rail-optimised: a leaf takes one NIC of each of its nodes: 16 ports on 8
+    ({"topology": "rail-optimized", "switch_radix": 8, "nodes_per_leaf": 16},
+     r"nodes_per_leaf=16 x 1 NIC port\(s\) per node = 16 downlinks per leaf, more than "
+     r"fabric.switch_radix=8"),
+    # 8 x 8 = 64 ports down fill the leaf, and two leaves need at least one spine uplink
+    ({"topology": "fat-tree", "switch_radix": 64, "nodes_per_leaf": 8},
+     r"a leaf has 64 downlinks .* and one uplink to each of 1 spine\(s\): 65 ports, more than "
+     r"fabric.switch_radix=64; use nodes_per_leaf <= 7"),
+])
+def test_a_leaf_with_more_ports_than_its_switch_is_refused(tmp_path, fabric, match):
+    spec = {"kind": "gpu", "node_type": "dgx-h200", "nodes": 16, "fabric": fabric}
+    with pytest.raises(PlanError, match=match):
+        load_cluster(_write(tmp_path, spec))
+
+
+def test_a_leaf_that_fits_its_switch_builds():
+    # 7 fat-tree nodes a leaf: 56 ports down, 8 up to 8 spines = 64 (the largest that fits)
+    from simulator.network.cluster import cluster_from_spec
+    spec = {"kind": "gpu", "node_type": "dgx-h200", "nodes": 16,
+            "fabric": {"topology": "fat-tree", "switch_radix": 64, "nodes_per_leaf": 7}}
+    cluster = cluster_from_spec("mine", spec)
+    assert cluster.nodes_per_leaf == 7 and cluster.tiers == 2

@@ -3,6 +3,7 @@ the cluster, Llama-family models get their MLP and norm, and a row that cannot b
 reported with its reason instead of stopping the whole validation."""
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -189,6 +190,15 @@ def test_a_blank_required_cell_is_named_as_the_skip_reason(tmp_path):
     # 8 GPUs stated, tp*cp*pp*dp = 1*1*1*4 = 4: the row would silently run on 4
     ({"dp": "4"}, "runs.csv bad: num_gpus=8 but tp*cp*pp*dp = 1*1*1*4 = 4 (ep adds no "
                   "ranks); give num_gpus 4, or dp=8 for 8 GPUs"),
+    # a misspelt word was read as its prefix (fulll -> full) or as the default (xyz -> none)
+    ({"recompute": "fulll"}, "runs.csv bad: recompute='fulll' is not a value it takes; write a "
+                             "cell starting with full, selective or none"),
+    ({"recompute": "xyz"}, "runs.csv bad: recompute='xyz' is not a value it takes"),
+    ({"sequence_parallel": "maybe"}, "runs.csv bad: sequence_parallel='maybe' is not a value "
+                                     "it takes; write yes or no"),
+    ({"ref_step_time_kind": "guessed"}, "runs.csv bad: ref_step_time_kind='guessed' is not a "
+                                        "value it takes; write reported (printed by the source), "
+                                        "derived (from its throughput) or measured"),
 ])
 def test_a_malformed_cell_refuses_the_table_before_any_row_runs(tmp_path, cells, message):
     # the good row first: the whole table is refused, not just the bad row skipped
@@ -229,3 +239,28 @@ def test_a_fallback_framework_is_one_settings_line(tmp_path):
     flags = [f for f in read_runs(path)[0].flags if f.startswith("framework=")]
     assert flags == ["framework=megatron-core (default: the source names no known framework;"
                      " presets/frameworks/megatron-core.yaml)"]
+
+
+def test_every_shipped_table_cell_is_still_read():
+    # the values the shipped tables hold in the checked columns (../shared/data) pass the check
+    from simulator.validation.validate import malformed_cell
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data"   # as test_fit
+    tables = [data / "published_runs.csv", data / "published_benchmarks.csv"]
+    if not all(t.is_file() for t in tables):
+        pytest.skip("the shared data folder is not beside this checkout")
+    for table in tables:
+        with open(table, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                assert malformed_cell(row) is None, (table.name, row["id"])
+
+
+@pytest.mark.parametrize("cell, recompute", [
+    # the forms the shipped tables write: the first word decides, a note may follow
+    ("full, block, 5 layers (preset recompute_num_layers)", "full"),
+    ("full AC (activation_checkpointing: True)", "full"),
+    ("selective ['mla_up_proj', 'mlp']", "selective"),
+    ("none set in perf recipe (static read)", "none"),
+])
+def test_recompute_cells_read_by_their_first_word(tmp_path, cell, recompute):
+    (case,) = read_runs(_write(tmp_path, [_row(id="r", gpu="A100 80GB", recompute=cell)]))
+    assert case.plan.recompute == recompute
