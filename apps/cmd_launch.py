@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from apps.format import check_output_path, command_console, print_json
+from apps.format import check_output_path, command_console, output_file, print_json
 from planner.spec import PlanError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -193,7 +193,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                max_restarts=args.max_restarts or None, train_args=train_args,
                                transport=cluster.transport if cluster else "",
                                socket_ifname=args.socket_ifname, gid_index=args.gid_index)
-        Path(args.slurm).write_text(script, encoding="utf-8")
+        output_file(args.slurm).write_text(script, encoding="utf-8")
         console.print(f"wrote {args.slurm} (sbatch {shlex.quote(str(args.slurm))})",
                       highlight=False, markup=False)
         out["slurm"] = str(args.slurm)
