@@ -8,7 +8,14 @@ import re
 from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
-from apps.format import check_output_path, output_file, print_json, print_table, write_csv
+from apps.format import (
+    check_image_path,
+    check_output_path,
+    output_file,
+    print_json,
+    print_table,
+    write_csv,
+)
 from planner.spec import PlanError
 
 if TYPE_CHECKING:
@@ -130,7 +137,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     from rich.console import Console  # here, not at import: `--help` stays fast
 
     from simulator.network.topology import draw_png, summary
-    check_output_path("--png", args.png)
+    check_image_path("--png", args.png)
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}

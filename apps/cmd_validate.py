@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.format import (
+    check_image_path,
     check_output_path,
     fmt_pct,
     fmt_time_s,
@@ -170,7 +171,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from simulator.validation.validate import validate_runs
     check_output_path("--csv", getattr(args, "csv", None))
-    check_output_path("--plot", getattr(args, "plot", None))
+    check_image_path("--plot", getattr(args, "plot", None))
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         if not Path(args.runs).is_file():
             Console(stderr=True).print(f"--runs {args.runs!r}: no such file", markup=False)

@@ -151,6 +151,25 @@ class SearchProgress:
             self.next_line = now + self.LINE_EVERY_S
 
 
+#: Image files matplotlib writes (``savefig`` picks the format from the suffix).
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_image_path(flag: str, path: str | Path | None) -> None:
+    """`check_output_path` for a flag that writes a figure, whose suffix must name an image
+    format (`IMAGE_SUFFIXES`).
+
+    Raises:
+        PlanError: another suffix, or as `check_output_path`.
+    """
+    from planner.spec import PlanError
+    if path is not None and Path(path).suffix.lower() not in IMAGE_SUFFIXES:
+        raise PlanError(f"{flag} {str(path)!r}: a figure is written as "
+                        f"{', '.join(IMAGE_SUFFIXES)}; give a name ending in one (e.g. "
+                        f"{Path(path).with_suffix('.png').name})")
+    check_output_path(flag, path)
+
+
 def check_output_path(flag: str, path: str | Path | None, *, folder: bool = False) -> None:
     """Before any work: raise `PlanError` naming ``flag`` when ``path`` cannot be written as a
     file (``folder`` False) or used as a folder (True). The check asks the operating system: it

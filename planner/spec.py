@@ -190,6 +190,9 @@ class ModelSpec:
     v_head_dim: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PlanError(f"name={self.name!r} must be a non-empty string; quote it in YAML "
+                            f"(e.g. name: \"{self.name}\")")
         _require_positive_int(
             self, "num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
             "vocab_size", "seq_len",

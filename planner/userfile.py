@@ -41,7 +41,7 @@ def read_text(path: str | Path, what: str) -> str:
     if not path.is_file():
         raise PlanError(f"{what} {str(path)!r} does not exist")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")   # a leading BOM (Excel's CSVs) dropped
     except UnicodeDecodeError as exc:
         raise PlanError(f"{what} {str(path)!r} is not UTF-8 text (byte {exc.start} is "
                         f"0x{exc.object[exc.start]:02x}); save it as UTF-8") from None
@@ -78,13 +78,34 @@ def read_yaml(path: str | Path, kind: str, also: tuple[str, ...] = ()) -> dict:
     return parse_yaml(read_text(path, f"{kind} file"), repr(str(path)), kind, also)
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice (the YAML 1.2 spec
+    requires keys to be unique; PyYAML keeps the last value without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"has the key {key!r} twice (lines {seen[key] + 1} and "
+                                    f"{key_node.start_mark.line + 1})")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_yaml(text: str, name: str, kind: str, also: tuple[str, ...] = ()) -> dict:
     """The mapping in ``text``, the contents of a ``kind`` file called ``name`` in messages
     (a quoted path, or e.g. 'uploaded'); checks and errors as `read_yaml`."""
     how, wrong = KIND_HINTS[kind]
     label = f"{kind} file {name}"
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as exc:
+        raise PlanError(f"{label} {exc}; keep one (YAML would keep the last silently)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
