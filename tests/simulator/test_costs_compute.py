@@ -105,6 +105,10 @@ def test_zero3_gathers_weights_every_micro_batch_and_overlap_hides_it_when_compu
     # Compute outlasts every gather: the first block's gather shows, and each of the other
     # L - 1 gathers slows the block it overlaps by OVERLAP_COMPUTE_SLOWDOWN (Lee et al. 2025).
     g = _zero3_layer_comm(LLAMA8B, z3, cluster, 0, SimOptions())[0]
+    # One block's forward gather: Llama 3 8B's 218.1M block parameters in bf16 over the
+    # 32-rank dp group (the count is checked in test_fsdp_reduce_dtype.py).
+    assert g == pytest.approx(collective_time_s(
+        cluster, "all_gather", LLAMA8B.layer_params() * 2, group_ranks(z3, "dp_cp", stage=0)))
     k = OVERLAP_COMPUTE_SLOWDOWN
     assert hidden.fwd_comm_s == pytest.approx(
         stage_costs(LLAMA8B, z0, cluster)[0].fwd_comm_s

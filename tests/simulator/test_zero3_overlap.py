@@ -5,8 +5,10 @@ reduce-scatter are exposed (Rajbhandari et al. 2020 §5.3; Zhao et al. 2023 §3.
 
 import pytest
 
+from planner.mesh import group_ranks
 from planner.spec import ModelSpec, Plan
 from simulator.network.cluster import load_cluster
+from simulator.network.collectives import collective_time_s
 from simulator.step.costs import (
     OVERLAP_COMPUTE_SLOWDOWN,
     _compute_setup,
@@ -56,6 +58,17 @@ def test_stage_costs_of_a_34b_fsdp_run_across_16_nodes():
     opts = SimOptions()
     g, gs = _zero3_layer_comm(m, plan, cluster, 0, opts)
     rs = gs - g
+    # The per-block traffic, by hand: a block of this shape holds 2h² (q, o) + 2·h·(h/8)
+    # (k, v with 8 of 64 heads) + 3·h·f (SwiGLU) + 4h (two LayerNorms, the ModelSpec
+    # default) = 692.1M parameters; the
+    # forward gathers them in bf16 (2 bytes each), the backward gathers them again and
+    # reduce-scatters fp32 gradients (4 bytes each), all over the 128-rank dp group.
+    h, f = 8192, 22016
+    block = 2 * h * h + 2 * h * (h // 8) + 3 * h * f + 4 * h
+    assert block == m.layer_params() == 692_092_928
+    group = group_ranks(plan, "dp_cp", stage=0)
+    assert g == pytest.approx(collective_time_s(cluster, "all_gather", block * 2, group))
+    assert rs == pytest.approx(collective_time_s(cluster, "reduce_scatter", block * 4, group))
     _, _, lc, _ = _compute_setup(m, plan, cluster, opts)
     assert g < lc.fwd_s and gs < lc.bwd_s           # every prefetch fits under its block
     costs = stage_costs(m, plan, cluster, opts)[0]
