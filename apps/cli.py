@@ -83,11 +83,56 @@ def joined_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> 
     return out
 
 
+#: Actions whose flag may be given more than once (each adds a value or a count).
+_REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
+               argparse._ExtendAction)
+
+
+def repeated_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error for the first flag of ``argv`` given twice (argparse keeps the last value
+    without a word), else None; flags that collect values (``--fix``, ``--inject``) may
+    repeat. Looked up in the subcommand's parser, the first word naming one; an unambiguous
+    prefix (``--step`` for ``--steps``) counts as the flag, as argparse reads it.
+
+    >>> p = argparse.ArgumentParser(); _ = p.add_argument("--steps"); _ = p.add_argument(
+    ...     "--fix", action="append")
+    >>> repeated_flag(p, ["--steps", "4", "--fix", "a", "--fix", "b", "--step=8"])
+    '--steps given twice (--steps 4 and --step=8); give it once'
+    >>> repeated_flag(p, ["--steps", "4"]) is None
+    True
+    """
+    actions = {o: a for a in parser._actions for o in a.option_strings}
+    seen: dict[argparse.Action, str] = {}
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                    and word in a.choices), None)
+        if sub is not None:
+            return repeated_flag(sub.choices[word], list(words))
+        if not word.startswith("--"):
+            continue
+        flag, eq, value = word.partition("=")
+        names = [o for o in actions if o == flag] or [o for o in actions if o.startswith(flag)]
+        action = actions[names[0]] if len(names) == 1 else None
+        if action is None or isinstance(action, _REPEATABLE):
+            continue
+        given = word if eq or action.nargs == 0 else f"{word} {next(words, '')}".strip()
+        if action in seen:
+            return f"{names[0]} given twice ({seen[action]} and {given}); give it once"
+        seen[action] = given
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `meshplan` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(joined_negative_values(
-        parser, sys.argv[1:] if argv is None else list(argv)))
+    words = joined_negative_values(parser, sys.argv[1:] if argv is None else list(argv))
+    if (twice := repeated_flag(parser, words)) is not None:
+        _error("error:", twice)
+        return 2
+    args = parser.parse_args(words)
     from rich.console import Console
     Console.on_broken_pipe = _on_broken_pipe     # a command's exit status is decided here
     try:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
+    check_at_least,
     check_image_path,
     check_output_path,
     output_file,
@@ -138,6 +139,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
     from simulator.network.topology import draw_png, summary
     check_image_path("--png", args.png)
+    check_at_least("--draw-nodes", args.draw_nodes, hint="servers drawn; default 8")
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}

@@ -151,6 +151,21 @@ class SearchProgress:
             self.next_line = now + self.LINE_EVERY_S
 
 
+def check_at_least(flag: str, value: int | float | None, least: int = 1,
+                   hint: str = "") -> None:
+    """Before any work: raise `PlanError` ``"--steps=0 must be >= 1 (hint)"`` when ``value``
+    (None: not given, nothing to check) is below ``least``.
+
+    >>> check_at_least("--steps", 3)
+    >>> check_at_least("--steps", 0, hint="steps each plan runs")
+    Traceback (most recent call last):
+    planner.spec.PlanError: --steps=0 must be >= 1 (steps each plan runs)
+    """
+    from planner.spec import PlanError
+    if value is not None and value < least:
+        raise PlanError(f"{flag}={value} must be >= {least}" + (f" ({hint})" if hint else ""))
+
+
 #: Image files matplotlib writes (``savefig`` picks the format from the suffix).
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
