@@ -16,10 +16,10 @@ from planner.export import FRAMEWORKS
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from apps.format import check_at_least
     from planner.export import export_plan
     from planner.planfile import read_plan_file
     from planner.spec import PlanError
-    from apps.format import check_at_least
     check_at_least("--steps", args.steps)
     from rich.console import Console
     console = Console(stderr=True)  # stdout holds only what to paste

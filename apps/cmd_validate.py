@@ -172,14 +172,12 @@ MODES = ("--loso", "--loso-carried", "--logo")
 
 def check_validate_args(args: argparse.Namespace) -> None:
     """Before any work: raise `PlanError` naming the flag when ``validate``'s flags do not go
-    together (two modes, a mode's option without its mode), a count is out of range, or a
-    table (--runs, --with) is not a file.
+    together (two modes, a mode's option without its mode) or a count is out of range.
 
     Raises:
         PlanError: the first such flag, with the fix.
     """
     from planner.spec import PlanError
-    from planner.userfile import read_text
     given = [m for m in MODES if getattr(args, m.lstrip("-").replace("-", "_"), False)]
     if len(given) > 1:
         raise PlanError(f"{' and '.join(given)}: give one of {', '.join(MODES)} (each prints "
@@ -198,9 +196,6 @@ def check_validate_args(args: argparse.Namespace) -> None:
                         f"add one, or leave --loso-iters out")
     check_at_least("--loso-iters", getattr(args, "loso_iters", None), least=0,
                    hint="0: the efficiency.yaml entries, no refit")
-    for flag, path in (("--runs", args.runs), *(("--with", p) for p in
-                                                getattr(args, "loso_with", None) or [])):
-        read_text(path, f"{flag} table")   # missing, a folder, not UTF-8: named here
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -211,6 +206,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     check_validate_args(args)
     check_output_path("--csv", getattr(args, "csv", None))
     check_image_path("--plot", getattr(args, "plot", None))
+    from planner.userfile import read_text
+    for flag, path in (("--runs", args.runs), *(("--with", p) for p in args.loso_with or [])):
+        read_text(path, f"{flag} table")   # missing, a folder, not UTF-8: named here
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         return _held_out(args)
     if getattr(args, "loso", False):
