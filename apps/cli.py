@@ -29,6 +29,7 @@ from apps import (
     cmd_topo,
     cmd_validate,
 )
+from apps.format import print_error
 from planner import __version__
 from planner.spec import PlanError
 
@@ -39,7 +40,7 @@ COMMANDS = (cmd_plan, cmd_simulate, cmd_run, cmd_compare, cmd_validate, cmd_cali
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="meshplan", description=(
+    p = _Parser(prog="meshplan", description=(
         "Plan, simulate and run distributed LLM training; compare predictions with runs."))
     p.add_argument("--version", action="version", version=f"meshplan {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -48,13 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _error(label: str, message: str) -> None:
-    """``label`` in red, then ``message`` as plain text: exception text carries paths and
-    tool output (``[/__w/...]``) that rich would read as markup."""
-    from rich.console import Console
-    from rich.text import Text
-    Console(stderr=True, soft_wrap=True).print(Text.assemble((label, "red"), " ", message),
-                                               highlight=False)
+_error = print_error
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose own errors (an unknown flag, a missing value, ``--top x``)
+    are one ``error: ...`` line naming the command, as every other bad input is, instead of
+    the usage block followed by ``meshplan plan: error: ...``; the exit status stays 2."""
+
+    def error(self, message: str):
+        print_error("error:", f"{self.prog}: {message}; see `{self.prog} --help`")
+        self.exit(2)
 
 
 def joined_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

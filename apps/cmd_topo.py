@@ -116,13 +116,18 @@ def cmd_collective(args: argparse.Namespace) -> int:
                            algorithm=args.algorithm, concurrent=args.concurrent)
     if args.csv:
         write_csv(rows, args.csv)
+    n = args.ranks or cluster.num_devices
+    # send_recv honours --ranks as the distance: device 0 sends to device ranks-1
+    # (`collective_rows`), so the line names the pair rather than "2 ranks"
+    pair = [0, max(1, n - 1)] if op == "send_recv" else None
     if args.json:
-        print_json({"op": op, "cluster": cluster.name, "rows": rows})
+        print_json({"op": op, "cluster": cluster.name, "rows": rows,
+                    **({"devices": pair} if pair else {"ranks": n})})
         return 0
     import pandas as pd
-    n = 2 if op == "send_recv" else (args.ranks or cluster.num_devices)
     console = Console()
-    console.print(f"[bold]{op}[/] on {n} ranks of [bold]{cluster.name}[/] "
+    where = f"from device 0 to device {pair[1]}" if pair else f"on {n} ranks"
+    console.print(f"[bold]{op}[/] {where} of [bold]{cluster.name}[/] "
                   f"({cluster.num_devices} x {cluster.device.name}); busbw as nccl-tests "
                   f"defines it")
     _print_profile(console, cluster)

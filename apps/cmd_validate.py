@@ -206,9 +206,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     check_validate_args(args)
     check_output_path("--csv", getattr(args, "csv", None))
     check_image_path("--plot", getattr(args, "plot", None))
+    from planner.spec import PlanError
     from planner.userfile import read_text
     for flag, path in (("--runs", args.runs), *(("--with", p) for p in args.loso_with or [])):
-        read_text(path, f"{flag} table")   # missing, a folder, not UTF-8: named here
+        if not Path(path).exists():
+            raise PlanError(f"{flag} {path!r}: no such file; give published_runs.csv, "
+                            f"published_benchmarks.csv or a vTrain ground_truth_*.csv (e.g. "
+                            f"../shared/data/published_runs.csv)")
+        read_text(path, f"{flag} table")   # a folder, not UTF-8: named here
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
         return _held_out(args)
     if getattr(args, "loso", False):

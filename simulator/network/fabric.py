@@ -52,8 +52,10 @@ def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = Fa
                 hint = f" (write {float(value):.1e}, not {value}, in YAML)"
             except ValueError:
                 pass
-        raise PlanError(f"{name}={value!r} must be a finite number "
-                        f"{'>= 0' if zero_ok else '> 0'} for cluster {cluster!r}{hint}")
+        kind = "finite number" if isinstance(value, float) and not math.isfinite(value) \
+            else "number"
+        raise PlanError(f"{name}={value!r} must be a {kind} {'>= 0' if zero_ok else '> 0'} "
+                        f"for cluster {cluster!r}{hint}")
     for suffix, (most, text) in UPPER_BOUNDS.items():
         if name.endswith(suffix) and value > most:
             raise PlanError(f"{name}={value!r} for cluster {cluster!r} is beyond any real "
