@@ -299,10 +299,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--loso", action="store_true", help="instead: per source (paper or "
                     "repository), rows / MAPE / mean signed error / worst row, in-fit and "
                     "leave-one-source-out, refitting each device's efficiency parameters")
-    sv.add_argument("--with", dest="loso_with", nargs="+", metavar="CSV", help="with --loso: "
-                    "more tables fitted and reported together with --runs")
-    sv.add_argument("--loso-iters", type=int, default=40, metavar="N", help="with --loso: "
-                    "Nelder-Mead iterations per refit (default 40; the shipped fit used 300, "
+    sv.add_argument("--with", dest="loso_with", nargs="+", metavar="CSV", help="with --loso, "
+                    "--loso-carried or --logo: more tables fitted and reported together with "
+                    "--runs")
+    sv.add_argument("--loso-iters", type=int, default=40, metavar="N", help="with --loso, "
+                    "--loso-carried or --logo: Nelder-Mead iterations per refit (default 40; the shipped fit used 300, "
                     "~0.8 s per iteration on the A100 tables)")
     sv.add_argument("--loso-carried", action="store_true", help="instead: fit the "
                     "efficiency terms that carry across GPU generations (one set, every "
