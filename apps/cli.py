@@ -29,6 +29,7 @@ from apps import (
     cmd_topo,
     cmd_validate,
 )
+from apps.format import print_error
 from planner import __version__
 from planner.spec import PlanError
 
@@ -39,7 +40,7 @@ COMMANDS = (cmd_plan, cmd_simulate, cmd_run, cmd_compare, cmd_validate, cmd_cali
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="meshplan", description=(
+    p = _Parser(prog="meshplan", description=(
         "Plan, simulate and run distributed LLM training; compare predictions with runs."))
     p.add_argument("--version", action="version", version=f"meshplan {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -48,13 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _error(label: str, message: str) -> None:
-    """``label`` in red, then ``message`` as plain text: exception text carries paths and
-    tool output (``[/__w/...]``) that rich would read as markup."""
-    from rich.console import Console
-    from rich.text import Text
-    Console(stderr=True, soft_wrap=True).print(Text.assemble((label, "red"), " ", message),
-                                               highlight=False)
+_error = print_error
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose own errors (an unknown flag, a missing value, ``--top x``)
+    are one ``error: ...`` line naming the command, as every other bad input is, instead of
+    the usage block followed by ``meshplan plan: error: ...``; the exit status stays 2."""
+
+    def error(self, message: str):
+        print_error("error:", f"{self.prog}: {message}; see `{self.prog} --help`")
+        self.exit(2)
 
 
 def joined_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
@@ -83,11 +88,56 @@ def joined_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> 
     return out
 
 
+#: Actions whose flag may be given more than once (each adds a value or a count).
+_REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
+               argparse._ExtendAction)
+
+
+def repeated_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error for the first flag of ``argv`` given twice (argparse keeps the last value
+    without a word), else None; flags that collect values (``--fix``, ``--inject``) may
+    repeat. Looked up in the subcommand's parser, the first word naming one; an unambiguous
+    prefix (``--step`` for ``--steps``) counts as the flag, as argparse reads it.
+
+    >>> p = argparse.ArgumentParser(); _ = p.add_argument("--steps"); _ = p.add_argument(
+    ...     "--fix", action="append")
+    >>> repeated_flag(p, ["--steps", "4", "--fix", "a", "--fix", "b", "--step=8"])
+    '--steps given twice (--steps 4 and --step=8); give it once'
+    >>> repeated_flag(p, ["--steps", "4"]) is None
+    True
+    """
+    actions = {o: a for a in parser._actions for o in a.option_strings}
+    seen: dict[argparse.Action, str] = {}
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                    and word in a.choices), None)
+        if sub is not None:
+            return repeated_flag(sub.choices[word], list(words))
+        if not word.startswith("--"):
+            continue
+        flag, eq, value = word.partition("=")
+        names = [o for o in actions if o == flag] or [o for o in actions if o.startswith(flag)]
+        action = actions[names[0]] if len(names) == 1 else None
+        if action is None or isinstance(action, _REPEATABLE):
+            continue
+        given = word if eq or action.nargs == 0 else f"{word} {next(words, '')}".strip()
+        if action in seen:
+            return f"{names[0]} given twice ({seen[action]} and {given}); give it once"
+        seen[action] = given
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `meshplan` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(joined_negative_values(
-        parser, sys.argv[1:] if argv is None else list(argv)))
+    words = joined_negative_values(parser, sys.argv[1:] if argv is None else list(argv))
+    if (twice := repeated_flag(parser, words)) is not None:
+        _error("error:", twice)
+        return 2
+    args = parser.parse_args(words)
     from rich.console import Console
     Console.on_broken_pipe = _on_broken_pipe     # a command's exit status is decided here
     try:

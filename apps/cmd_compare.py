@@ -15,9 +15,9 @@ from apps.format import command_console, print_json
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from planner.spec import PlanError
-    if args.steps < 1:  # checked before the first run starts
-        raise PlanError(f"--steps={args.steps} must be >= 1 (steps each plan runs; default 12)")
+    from apps.format import check_at_least
+    # checked before the first run starts
+    check_at_least("--steps", args.steps, hint="steps each plan runs; default 12")
     from apps.compare import DEFAULT_PLANS, compare, plan_indices
     from apps.format import check_output_path
     check_output_path("--csv", getattr(args, "csv", None))

@@ -12,7 +12,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from apps.cmd_compare import cmd_compare
     from apps.cmd_plan import cmd_plan
-    from apps.format import check_output_path
+    from apps.format import check_at_least, check_output_path
+    check_at_least("--steps", args.steps, hint="steps each tiny-gpt plan runs; default 8")
     from simulator.network.cpu_profile import default_profile_dir, newest_profile
     check_output_path("--out", args.out, folder=True)
     console = Console()

@@ -16,11 +16,11 @@ from planner.export import FRAMEWORKS
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from apps.format import check_at_least
     from planner.export import export_plan
     from planner.planfile import read_plan_file
     from planner.spec import PlanError
-    if args.steps is not None and args.steps < 1:
-        raise PlanError(f"--steps={args.steps} must be >= 1")
+    check_at_least("--steps", args.steps)
     from rich.console import Console
     console = Console(stderr=True)  # stdout holds only what to paste
     pf = read_plan_file(args.plan)

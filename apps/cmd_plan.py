@@ -13,6 +13,7 @@ from apps.clusters import add_cpu_profile_option
 from apps.cmd_faults import add_straggler_options, check_straggler_flags
 from apps.format import (
     SearchProgress,
+    check_at_least,
     check_output_path,
     command_console,
     fmt_flag,
@@ -42,7 +43,6 @@ from apps.train_options import (
     train_tokens,
 )
 from planner.presets import load_model, model_names
-from planner.spec import PlanError
 
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
@@ -118,9 +118,8 @@ def dtype_notes(dtypes) -> list[str]:
 def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
     """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
     for flag in flags:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
-        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
-            raise PlanError(f"{flag}={value} must be {'>= 0' if allow_zero else '> 0'}")
+        check_at_least(flag, getattr(args, flag.lstrip("-").replace("-", "_"), None), 0,
+                       strict=not allow_zero)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -130,7 +129,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planner.search import search
     from planner.time_to_train import TRAIN_COLUMNS
     console = command_console(args)
-    require_positive(args, "--global-batch", "--seq-len", "--top", "--nodes", "--ranks",
+    require_positive(args, "--seq-len", "--top", "--nodes", "--ranks",
                      "--mtbf-hours", "--node-mtbf-hours")
     require_positive(args, "--restart-s", "--spare-delay-s", "--show-rejected", allow_zero=True)
     check_straggler_flags(args)
@@ -242,7 +241,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "dgx-b200, dgx-h100-roce, pcie-a100, localhost-cpu) or a cluster YAML file")
     sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")
     sp.add_argument("--ranks", type=int, help="processes on localhost-cpu (default 4)")
-    sp.add_argument("--global-batch", type=int, help="sequences per step (default: 4M tokens "
+    sp.add_argument("--global-batch", help="sequences per step (default: 4M tokens "
                     "on GPUs, 8 on localhost-cpu)")
     sp.add_argument("--seq-len", type=int, help="override the model's sequence length")
     sp.add_argument("--top-k", type=int, default=20, help="plans refined by SimPy (default 20)")

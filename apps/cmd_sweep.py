@@ -83,9 +83,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise PlanError(f"--price {name}=...: {name!r} is not a node type of this sweep"
                             f"{did_you_mean(name, grid_types)}; its node types: "
                             f"{', '.join(grid_types)} (--node-types)")
-    if args.global_batch is not None and args.global_batch < 1:
-        raise PlanError(f"--global-batch={args.global_batch} must be >= 1")
-    gb = args.global_batch or gpu_global_batch(model.seq_len)
+    from apps.plan_options import global_batch_of
+    gb = global_batch_of(args, model.seq_len) or gpu_global_batch(model.seq_len)
     if args.ray_address is not None:
         try:
             import ray  # noqa: F401
@@ -122,7 +121,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(default: the preset's)")
     sp.add_argument("--base", default="dgx-h100", help="cluster preset whose fabric a node "
                     "type without its own preset uses (default dgx-h100)")
-    sp.add_argument("--global-batch", type=int, help="sequences per step (default ~4M tokens)")
+    sp.add_argument("--global-batch", help="sequences per step (default ~4M tokens)")
     sp.add_argument("--price", action="append", default=[], metavar="NODE_TYPE=USD",
                     help="price per GPU-hour of a node type, for the cost column")
     sp.add_argument("--workers", type=int, help="local processes (default: the cores)")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
+    check_at_least,
     check_image_path,
     check_output_path,
     output_file,
@@ -115,13 +116,18 @@ def cmd_collective(args: argparse.Namespace) -> int:
                            algorithm=args.algorithm, concurrent=args.concurrent)
     if args.csv:
         write_csv(rows, args.csv)
+    n = args.ranks or cluster.num_devices
+    # send_recv honours --ranks as the distance: device 0 sends to device ranks-1
+    # (`collective_rows`), so the line names the pair rather than "2 ranks"
+    pair = [0, max(1, n - 1)] if op == "send_recv" else None
     if args.json:
-        print_json({"op": op, "cluster": cluster.name, "rows": rows})
+        print_json({"op": op, "cluster": cluster.name, "rows": rows,
+                    **({"devices": pair} if pair else {"ranks": n})})
         return 0
     import pandas as pd
-    n = 2 if op == "send_recv" else (args.ranks or cluster.num_devices)
     console = Console()
-    console.print(f"[bold]{op}[/] on {n} ranks of [bold]{cluster.name}[/] "
+    where = f"from device 0 to device {pair[1]}" if pair else f"on {n} ranks"
+    console.print(f"[bold]{op}[/] {where} of [bold]{cluster.name}[/] "
                   f"({cluster.num_devices} x {cluster.device.name}); busbw as nccl-tests "
                   f"defines it")
     _print_profile(console, cluster)
@@ -138,6 +144,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
     from simulator.network.topology import draw_png, summary
     check_image_path("--png", args.png)
+    check_at_least("--draw-nodes", args.draw_nodes, hint="servers drawn; default 8")
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.format import (
+    check_at_least,
     check_image_path,
     check_output_path,
     fmt_pct,
@@ -165,30 +166,58 @@ def _held_out(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The modes of `validate` that replace the table, by flag.
+MODES = ("--loso", "--loso-carried", "--logo")
+
+
+def check_validate_args(args: argparse.Namespace) -> None:
+    """Before any work: raise `PlanError` naming the flag when ``validate``'s flags do not go
+    together (two modes, a mode's option without its mode) or a count is out of range.
+
+    Raises:
+        PlanError: the first such flag, with the fix.
+    """
+    from planner.spec import PlanError
+    given = [m for m in MODES if getattr(args, m.lstrip("-").replace("-", "_"), False)]
+    if len(given) > 1:
+        raise PlanError(f"{' and '.join(given)}: give one of {', '.join(MODES)} (each prints "
+                        f"its own table)")
+    mode = given[0] if given else None
+    check_at_least("--top", getattr(args, "top", None), hint="rows to print; leave it out "
+                   "for all")
+    if getattr(args, "dense", False) and mode not in ("--loso-carried", "--logo"):
+        raise PlanError("--dense acts only with --loso-carried or --logo; add one, or leave "
+                        "--dense out")
+    if getattr(args, "loso_with", None) and mode is None:
+        raise PlanError(f"--with {' '.join(args.loso_with)}: more tables are read only by "
+                        f"{', '.join(MODES)}; add one, or leave --with out")
+    if mode is None and getattr(args, "loso_iters", 40) != 40:
+        raise PlanError(f"--loso-iters={args.loso_iters} acts only with {', '.join(MODES)}; "
+                        f"add one, or leave --loso-iters out")
+    check_at_least("--loso-iters", getattr(args, "loso_iters", None), least=0,
+                   hint="0: the efficiency.yaml entries, no refit")
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Simulate every row of ``--runs`` and print the table (or ``--json``)."""
     from rich.console import Console  # here, not at import: `--help` stays fast
 
     from simulator.validation.validate import validate_runs
+    check_validate_args(args)
     check_output_path("--csv", getattr(args, "csv", None))
     check_image_path("--plot", getattr(args, "plot", None))
+    from planner.spec import PlanError
+    from planner.userfile import read_text
+    for flag, path in (("--runs", args.runs), *(("--with", p) for p in args.loso_with or [])):
+        if not Path(path).exists():
+            raise PlanError(f"{flag} {path!r}: no such file; give published_runs.csv, "
+                            f"published_benchmarks.csv or a vTrain ground_truth_*.csv (e.g. "
+                            f"../shared/data/published_runs.csv)")
+        read_text(path, f"{flag} table")   # a folder, not UTF-8: named here
     if getattr(args, "logo", False) or getattr(args, "loso_carried", False):
-        if not Path(args.runs).is_file():
-            Console(stderr=True).print(f"--runs {args.runs!r}: no such file", markup=False)
-            return 2
         return _held_out(args)
     if getattr(args, "loso", False):
-        if args.loso_iters < 0:
-            Console(stderr=True).print(f"--loso-iters {args.loso_iters}: give 0 or more "
-                                       f"(0: the efficiency.yaml entries, no refit)", markup=False)
-            return 2
         paths = [args.runs, *(args.loso_with or [])]
-        missing = [p for p in paths if not Path(p).is_file()]
-        if missing:
-            Console(stderr=True).print(f"--runs / --with {missing[0]!r}: no such file; give "
-                                       f"published_runs.csv, published_benchmarks.csv or a "
-                                       f"vTrain ground_truth_*.csv", markup=False)
-            return 2
         from apps.validate_moe import moe_rows, print_moe
         entries = loso_report(paths, args.loso_iters)
         moe = moe_rows(paths, entries)
@@ -270,10 +299,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--loso", action="store_true", help="instead: per source (paper or "
                     "repository), rows / MAPE / mean signed error / worst row, in-fit and "
                     "leave-one-source-out, refitting each device's efficiency parameters")
-    sv.add_argument("--with", dest="loso_with", nargs="+", metavar="CSV", help="with --loso: "
-                    "more tables fitted and reported together with --runs")
-    sv.add_argument("--loso-iters", type=int, default=40, metavar="N", help="with --loso: "
-                    "Nelder-Mead iterations per refit (default 40; the shipped fit used 300, "
+    sv.add_argument("--with", dest="loso_with", nargs="+", metavar="CSV", help="with --loso, "
+                    "--loso-carried or --logo: more tables fitted and reported together with "
+                    "--runs")
+    sv.add_argument("--loso-iters", type=int, default=40, metavar="N", help="with --loso, "
+                    "--loso-carried or --logo: Nelder-Mead iterations per refit (default 40; the shipped fit used 300, "
                     "~0.8 s per iteration on the A100 tables)")
     sv.add_argument("--loso-carried", action="store_true", help="instead: fit the "
                     "efficiency terms that carry across GPU generations (one set, every "

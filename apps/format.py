@@ -13,6 +13,16 @@ if TYPE_CHECKING:
 GiB = 2**30
 
 
+def print_error(label: str, message: str) -> None:
+    """The one printer of a command's error line on stderr: ``label`` ('error:' for bad
+    input, 'failed:' for a runtime failure) in red, then ``message`` as plain text: exception
+    text carries paths and tool output (``[/__w/...]``) that rich would read as markup."""
+    from rich.console import Console  # here: `--help` never loads rich
+    from rich.text import Text
+    Console(stderr=True, soft_wrap=True).print(Text.assemble((label, "red"), " ", message),
+                                               highlight=False)
+
+
 def fmt_time_s(seconds: float) -> str:
     """Seconds as ``'412.3 ms'`` below one second, else ``'12.34 s'``.
 
@@ -149,6 +159,26 @@ class SearchProgress:
         elif now >= self.next_line:
             self.console.print(line, highlight=False, soft_wrap=True)
             self.next_line = now + self.LINE_EVERY_S
+
+
+def check_at_least(flag: str, value: int | float | None, least: int = 1,
+                   hint: str = "", *, strict: bool = False) -> None:
+    """Before any work: raise `PlanError` ``"--steps=0 must be >= 1 (hint)"`` when ``value``
+    (None: not given, nothing to check) is below ``least`` (``strict``: not above it, "> 0").
+    The one range check of a numeric flag.
+
+    >>> check_at_least("--steps", 3)
+    >>> check_at_least("--steps", 0, hint="steps each plan runs")
+    Traceback (most recent call last):
+    planner.spec.PlanError: --steps=0 must be >= 1 (steps each plan runs)
+    >>> check_at_least("--mtbf-hours", 0, 0, strict=True)
+    Traceback (most recent call last):
+    planner.spec.PlanError: --mtbf-hours=0 must be > 0
+    """
+    from planner.spec import PlanError
+    if value is not None and (value < least or (strict and value == least)):
+        raise PlanError(f"{flag}={value} must be {'>' if strict else '>='} {least}"
+                        + (f" ({hint})" if hint else ""))
 
 
 #: Image files matplotlib writes (``savefig`` picks the format from the suffix).

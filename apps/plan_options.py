@@ -31,8 +31,9 @@ CLOSEST_TABLE = {"id": ("plan", None), "peak_memory_bytes": ("needs/device", fmt
 
 def add_plan_options(sp: argparse.ArgumentParser) -> None:
     """Register the search options on the `plan` subparser."""
-    sp.add_argument("--global-batch-tokens", type=int, help="tokens per step (instead of "
-                    "--global-batch); a multiple of the sequence length")
+    sp.add_argument("--global-batch-tokens", help="tokens per step (instead of "
+                    "--global-batch), e.g. 4194304 or 4.194304M; a multiple of the sequence "
+                    "length")
     sp.add_argument("--devices", type=int, help="use exactly this many devices (default all)")
     sp.add_argument("--max-devices", type=int, help="use at most this many devices")
     sp.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
@@ -107,20 +108,34 @@ def parse_fixed(items: list[str]) -> SearchSpace:
     return SearchSpace.from_fixed(fixed)
 
 
+#: Most tokens in one global batch a flag may ask for: 1e12, 60,000 times the 16M tokens of
+#: Llama 3 405B's final batch (Dubey et al. 2024 §3.4.1), so a slip of the exponent is named
+#: before the search instead of running it.
+MAX_GLOBAL_BATCH_TOKENS = 1e12
+
+
 def global_batch_of(args: argparse.Namespace, seq_len: int) -> int | None:
-    """Sequences per step from --global-batch or --global-batch-tokens (None: neither given).
+    """Sequences per step from --global-batch or --global-batch-tokens (None: neither given),
+    each a count as ``--tokens`` takes it (``4M``, ``1e6``; `parse_count`).
 
     Raises:
-        PlanError: both given, or tokens not a multiple of the sequence length.
+        PlanError: both given, not a whole positive count, more than
+            `MAX_GLOBAL_BATCH_TOKENS` tokens, or tokens not a multiple of the sequence length.
     """
-    tokens = getattr(args, "global_batch_tokens", None)
-    if tokens is None:
-        return args.global_batch
-    if args.global_batch:
+    from planner.time_to_train import parse_count
+    text, batch = getattr(args, "global_batch_tokens", None), getattr(args, "global_batch", None)
+    if text is not None and batch is not None:
         raise PlanError("give --global-batch or --global-batch-tokens, not both")
-    if tokens < 1 or tokens % seq_len:
-        raise PlanError(f"--global-batch-tokens={tokens} must be a positive multiple of "
-                        f"seq_len={seq_len}")
+    if batch is not None:
+        return parse_count(batch, "--global-batch", MAX_GLOBAL_BATCH_TOKENS // seq_len,
+                           f"sequences of {seq_len} tokens")
+    if text is None:
+        return None
+    tokens = parse_count(text, "--global-batch-tokens", MAX_GLOBAL_BATCH_TOKENS)
+    if tokens % seq_len:
+        near = max(1, round(tokens / seq_len))
+        raise PlanError(f"--global-batch-tokens={text} ({tokens} tokens) must be a multiple "
+                        f"of seq_len={seq_len}; e.g. {near * seq_len} ({near} sequences)")
     return tokens // seq_len
 
 

@@ -113,6 +113,10 @@ def check_run_args(args) -> None:
     if args.ranks_per_node < 1 or pf.plan.world_size % args.ranks_per_node:
         raise PlanError(f"--ranks-per-node={args.ranks_per_node} must divide the world size "
                         f"{pf.plan.world_size} of plan {pf.plan.id}")
+    if args.data is not None and Path(args.data).is_dir():
+        raise PlanError(f"--data {args.data!r} is a folder; --data takes one UTF-8 text file "
+                        f"to train on (e.g. --data corpus.txt; join a folder's files with "
+                        f"`cat {args.data.rstrip('/')}/*.txt > corpus.txt`)")
     if args.data is not None and not Path(args.data).is_file():
         raise PlanError(f"--data file {args.data!r} does not exist")
     if args.data is not None:

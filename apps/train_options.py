@@ -48,8 +48,8 @@ def train_tokens(args: argparse.Namespace, global_batch: int, seq_len: int) -> f
     if steps is not None and tokens is not None:
         raise PlanError(f"give --tokens or --steps, not both (--tokens={tokens}, "
                         f"--steps={steps})")
-    if steps is not None and steps < 1:
-        raise PlanError(f"--steps={steps} must be >= 1")
+    from apps.format import check_at_least
+    check_at_least("--steps", steps)
     price = getattr(args, "gpu_hour_usd", None)
     for flag in ("--gpu-hour-usd", "--storage-gbps", "--writer-gbps"):
         value = _given(args, flag)
@@ -57,6 +57,12 @@ def train_tokens(args: argparse.Namespace, global_batch: int, seq_len: int) -> f
             raise PlanError(f"{flag}={value:g} must be > 0")
     budget = (parse_tokens(tokens) if tokens is not None
               else None if steps is None else float(steps * global_batch * seq_len))
+    step_tokens = global_batch * seq_len
+    if budget is not None and budget < step_tokens:
+        # a budget under one step trains nothing a plan could be ranked by (0 GPU-hours)
+        raise PlanError(f"--tokens={tokens} is less than one global batch of {step_tokens:,} "
+                        f"tokens ({global_batch} x seq_len {seq_len}); give at least "
+                        f"--tokens {step_tokens}, or a smaller --global-batch")
     objective = getattr(args, "objective", "throughput")
     if objective == "time-to-train" and budget is None:
         raise PlanError("--objective time-to-train needs a budget: give --tokens N (e.g. "

@@ -167,6 +167,11 @@ def check_runnable(plan: Plan) -> None:
                         f"schedule='zb-v' or 'zb-h1'")
 
 
+#: The top-level keys of a plan file (`PlanFile.to_dict`); any other is refused on reading.
+TOP_LEVEL_KEYS = ("schema_version", "meshplan_version", "model", "plan", "cluster",
+                  "prediction")
+
+
 def write_plan_file(path: str | Path, plan_file: PlanFile) -> Path:
     """Write ``plan_file`` as YAML to ``path`` (parent folders created) and return the path."""
     path = Path(path)
@@ -193,6 +198,11 @@ def read_plan_file(path: str | Path) -> PlanFile:
     if version != SCHEMA_VERSION:
         raise PlanError(f"plan file {path}: schema_version={version!r} is not supported; "
                         f"this meshplan reads schema_version {SCHEMA_VERSION}")
+    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS), key=str)
+    if unknown:
+        raise PlanError(f"plan file {path}: "
+                        + unknown_fields_message("top-level", map(str, unknown), TOP_LEVEL_KEYS)
+                        + "; remove or rename it")
     for key in ("model", "plan", "cluster"):
         if not isinstance(data.get(key), dict):
             raise PlanError(f"plan file {path} has no '{key}' mapping")

@@ -42,7 +42,10 @@ def model_from_dict(fields: dict, name: str = "custom") -> ModelSpec:
                and f.default is dataclasses.MISSING]
     if missing:
         raise PlanError(f"model {data['name']!r} is missing field(s) {missing}")
-    return ModelSpec(**data)
+    try:
+        return ModelSpec(**data)
+    except PlanError as exc:
+        raise PlanError(f"model {data['name']!r}: {exc}") from None
 
 
 def load_model(name_or_path: str) -> ModelSpec:

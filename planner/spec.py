@@ -70,7 +70,9 @@ def _require_positive_int(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{name}={value!r} must be a positive integer")
+            fix = (f"; write {int(value)} (no decimal point)" if isinstance(value, float)
+                   and value.is_integer() and value >= 1 else "")
+            raise PlanError(f"{name}={value!r} must be a positive integer{fix}")
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:

@@ -26,8 +26,10 @@ TRAIN_COLUMNS = ("train_tokens", "wall_days", "gpu_hours", "cost_usd")
 _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
-def parse_tokens(text: str) -> float:
-    """A token count with an optional K / M / B (or G) / T suffix, e.g. ``15T``.
+def parse_tokens(text: str, flag: str = "--tokens") -> float:
+    """A token count with an optional K / M / B (or G) / T suffix (powers of ten, SI), e.g.
+    ``15T``; the one reader of the count flags (``--tokens``, ``--global-batch-tokens``,
+    ``--global-batch``), each named by ``flag`` in its message.
 
     >>> parse_tokens("15T"), parse_tokens("2.5B"), parse_tokens("1e6")
     (15000000000000.0, 2500000000.0, 1000000.0)
@@ -43,9 +45,30 @@ def parse_tokens(text: str) -> float:
         except ValueError:
             pass
     if not (math.isfinite(value) and value > 0):
-        raise PlanError(f"--tokens={text!r} must be a positive token count such as 15T, "
+        raise PlanError(f"{flag}={text!r} must be a positive token count such as 15T, "
                         "300B or 2e9 (suffixes K, M, B, T)")
     return value
+
+
+def parse_count(text: str, flag: str, most: float, unit: str = "tokens") -> int:
+    """A whole count of at most ``most`` ``unit`` written as `parse_tokens` reads it (``4M``,
+    ``1e6``, ``512``).
+
+    >>> parse_count("4M", "--global-batch-tokens", 1e12), parse_count("512", "--global-batch", 1e9)
+    (4000000, 512)
+
+    Raises:
+        PlanError: as `parse_tokens`, or not a whole number, or more than ``most``.
+    """
+    value = parse_tokens(text, flag)
+    if not value.is_integer():
+        raise PlanError(f"{flag}={text!r} is not a whole number; give e.g. {math.ceil(value)}")
+    if value > most:
+        raise PlanError(f"{flag}={text!r} is more than {most:.3g} {unit} per step, beyond any "
+                        f"training run "
+                        f"(Llama 3 405B used 16M tokens per step, Dubey et al. 2024 §3.4.1); "
+                        f"check the exponent")
+    return int(value)
 
 
 def wall_s(tokens: float, tokens_per_s: float, goodput: float) -> float:

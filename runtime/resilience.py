@@ -85,14 +85,16 @@ def fault_args_error(config: TrainConfig, world: int | None = None,
     problem = faults_error(all_fault_specs(config), steps=config.steps, world=world,
                            checkpoint_every=config.checkpoint_every)
     folder = checkpoint_location(config.checkpoint_dir or Path(config.out_dir) / "checkpoints")
-    if problem is None and (config.checkpoint_every or config.resume is not None):
-        problem = checkpoint_folder_error(folder)
     # a restart resumes its own checkpoints; the --resume folder was checked by attempt 0
-    if problem is None and config.resume is not None and attempt_number() == 0:
+    resuming = problem is None and config.resume is not None and attempt_number() == 0
+    if resuming:       # before the probe of the checkpoint folder, which creates it
         try:
             source = resume_folder(config.resume)
         except ValueError as exc:
             return str(exc)
+    if problem is None and (config.checkpoint_every or config.resume is not None):
+        problem = checkpoint_folder_error(folder)
+    if problem is None and resuming:
         problem = resume_error(source, global_batch, config.steps)
         if problem is None and is_checkpoint(source) and \
                 _same_location(parent_location(source), folder):

@@ -27,10 +27,24 @@ def check_positive_int(name: str, value: object, cluster: str) -> int:
     return value
 
 
+#: Upper bounds of a cluster file's numbers by the unit their name ends in: ten times the
+#: fastest hardware of the kind (1.6 Tb/s NICs, 1.8 TB/s NVLink 5 per GPU; switch and NIC
+#: latencies are microseconds), so a typo (1e300, a latency in ms written as s) is refused.
+UPPER_BOUNDS = {"_Gbps": (16_000.0, "16000 Gb/s"), "_Bps": (2e13, "2e13 B/s (20 TB/s)"),
+                "_s": (1e-2, "0.01 s (switch and NIC latencies are microseconds)"),
+                "oversubscription": (64.0, "64:1")}
+
+
 def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = False) -> float:
-    """``value`` as a float if it is a number > 0 (>= 0 with ``zero_ok``), else a `PlanError`."""
+    """``value`` as a float if it is a finite number > 0 (>= 0 with ``zero_ok``) and no more
+    than the plausible bound of its unit (`UPPER_BOUNDS`, by the end of ``name``), else a
+    `PlanError` naming ``name``, the value and the range.
+
+    >>> check_positive("nic.speed_Gbps", 400, "c")
+    400.0
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-            or (value == 0 and not zero_ok):
+            or (value == 0 and not zero_ok) or not math.isfinite(value):
         # YAML 1.1 reads 25e9 (no dot, no exponent sign) as the string '25e9'
         hint = ""
         if isinstance(value, str):
@@ -38,8 +52,14 @@ def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = Fa
                 hint = f" (write {float(value):.1e}, not {value}, in YAML)"
             except ValueError:
                 pass
-        raise PlanError(f"{name}={value!r} must be a number {'>= 0' if zero_ok else '> 0'} "
+        kind = "finite number" if isinstance(value, float) and not math.isfinite(value) \
+            else "number"
+        raise PlanError(f"{name}={value!r} must be a {kind} {'>= 0' if zero_ok else '> 0'} "
                         f"for cluster {cluster!r}{hint}")
+    for suffix, (most, text) in UPPER_BOUNDS.items():
+        if name.endswith(suffix) and value > most:
+            raise PlanError(f"{name}={value!r} for cluster {cluster!r} is beyond any real "
+                            f"hardware (at most {text}); check the unit and the exponent")
     return float(value)
 
 
@@ -155,7 +175,8 @@ def fabric_layout(name: str, fab: dict, nodes: int, per_node: int, nics: int,
                    nodes_per_pod=per_pod if tiers == 3 else 0, spines=spines,
                    oversubscription=over, leaf_uplink_Bps=leaf_up, pod_uplink_Bps=pod_up,
                    nic_lat=float(transport["nic_latency_s"]),
-                   sw_lat=float(fab.get("switch_latency_s", transport["switch_latency_s"])))
+                   sw_lat=check_positive("fabric.switch_latency_s", fab.get(
+                       "switch_latency_s", transport["switch_latency_s"]), name, zero_ok=True))
 
 
 def _add_intra(g: nx.Graph, n: int, per_node: int, intra: dict) -> None:

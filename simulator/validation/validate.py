@@ -327,6 +327,36 @@ def malformed_cell(row: dict) -> str | None:
     return None
 
 
+def table_row_problem(row: dict, line: int, seen: dict[str, int]) -> str | None:
+    """What is wrong with a published-runs row as a row of its table, naming the column:
+    more cells than the header has columns, an empty or repeated ``id`` (``seen``: the ids
+    read so far and their lines, updated), or a ``vpp`` > 1 where pp is 1 (virtual stages
+    interleave pipeline stages; one stage has none). None when the row is sound.
+
+    >>> table_row_problem({"id": "a", None: ["x"]}, 3, {})
+    "row a has 1 cell(s) more than the header's columns ('x'); remove them or add a column"
+    >>> table_row_problem({"id": "a"}, 4, {"a": 2})
+    "id='a' again (first on line 2); give each row its own id"
+    >>> table_row_problem({"id": "b", "pp": "1", "vpp": "2"}, 5, {})
+    'row b: vpp=2 with pp=1: virtual stages interleave pipeline stages; set vpp to 1 or empty, or pp > 1'
+    """
+    row_id = (row.get("id") or "").strip()
+    if not row_id:
+        return "the id cell is empty; give each row an id (e.g. r100)"
+    if row_id in seen:
+        return f"id={row_id!r} again (first on line {seen[row_id]}); give each row its own id"
+    seen[row_id] = line
+    extra = row.get(None)
+    if extra:
+        return (f"row {row_id} has {len(extra)} cell(s) more than the header's columns "
+                f"({', '.join(map(repr, extra[:3]))}); remove them or add a column")
+    pp, vpp = _num(row.get("pp") or "") or 1, _num(row.get("vpp") or "") or 1
+    if vpp > 1 and pp == 1:
+        return (f"row {row_id}: vpp={row['vpp'].strip()} with pp=1: virtual stages "
+                f"interleave pipeline stages; set vpp to 1 or empty, or pp > 1")
+    return None
+
+
 def missing_cell(row: dict) -> str | None:
     """The first empty cell a published-runs row needs (`REQUIRED_COUNTS`, the reference
     step time and the GPU), as the reason the row is skipped; None when none is empty."""
@@ -696,14 +726,20 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
         raise PlanError(f"--runs {str(path)!r}: no such file; give published_runs.csv or a "
                         f"vTrain ground_truth_*.csv (e.g. ../shared/data/published_runs.csv)")
     reader = csv.DictReader(io.StringIO(read_text(path, "--runs"), newline=""))
-    rows = list(reader)
+    rows, lines = [], []
+    for row in reader:
+        rows.append(row)
+        lines.append(reader.line_num)     # the line the row ends on (a cell may hold newlines)
     columns = list(reader.fieldnames or [])
     header = set(columns)
     if "ref_step_time_s" in header:
         # a mistake in a cell refuses the table before any row is simulated
-        for i, r in enumerate(rows):
+        seen: dict[str, int] = {}
+        for r, line in zip(rows, lines, strict=True):
+            if (problem := table_row_problem(r, line, seen)) is not None:
+                raise PlanError(f"{path.name} line {line}: {problem}")
             if (problem := malformed_cell(r)) is not None:
-                raise PlanError(f"{path.name} {r.get('id') or f'row {i + 2}'}: {problem}")
+                raise PlanError(f"{path.name} {r['id']}: {problem}")
         make = [(r.get("id") or f"row {i + 2}", lambda r=r: _published_case(r))
                 for i, r in enumerate(rows)]
     elif "iteration time (ms)" in header:
@@ -727,13 +763,26 @@ def read_runs(path: str | Path, skipped: list[dict] | None = None) -> list[RunCa
     return cases
 
 
-def predict(case: RunCase, *, fast: bool = False) -> float:
-    """Simulated step time of ``case`` on its cluster, in seconds (``fast``: the closed-form
-    `estimate` instead of the SimPy run, for fitting)."""
+def _predict(case: RunCase, *, fast: bool = False) -> float:
     cluster = validation_cluster(case.cluster_name, case.nodes)
     run = estimate if fast else simulate
     return run(case.model, case.plan, cluster, overlap_dp=case.overlap_dp,
                options=case.options).step_time_s
+
+
+def predict(case: RunCase, *, fast: bool = False) -> float:
+    """Simulated step time of ``case`` on its cluster, in seconds (``fast``: the closed-form
+    `estimate` instead of the SimPy run, for fitting).
+
+    Raises:
+        PlanError: the row's plan cannot be simulated; the message names the row id (a fit
+            over a whole table stops on it).
+    """
+    try:
+        return _predict(case, fast=fast)
+    except PlanError as exc:
+        raise PlanError(f"row {case.id}: {exc}; fix the row or remove it from the table") \
+            from None
 
 
 def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = None) -> dict:
@@ -757,7 +806,7 @@ def validate_runs(path: str | Path, keep: Callable[[RunCase], bool] | None = Non
         if keep is not None and not keep(case):
             continue
         try:
-            pred = predict(case)
+            pred = _predict(case)
         except PlanError as exc:
             skipped.append({"id": case.id, "reason": str(exc)})
             continue
