@@ -61,6 +61,7 @@ def carried_efficiency(ref: Efficiency, ref_device: DeviceProfile,
     own = load_efficiency(device.name)
     return dataclasses.replace(ref, gemm_half_flops=ref.gemm_half_flops * ratio,
                                num_sms=own.num_sms, flash_fraction=own.flash_fraction,
+                               flash_ceiling=own.gemm_max_fraction,
                                source=f"carried from {ref_device.name}")
 
 
