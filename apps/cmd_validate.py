@@ -117,11 +117,12 @@ HELD_OUT_KEYS = {"gpu": "device", "precision": "dtype"}
 
 
 def held_out_report(paths: list[str], *, by_gpu: bool, by: tuple[str, ...],
-                    iters: int, dense: bool = False) -> list[dict]:
+                    iters: int, dense: bool = False) -> tuple[list[dict], list[dict]]:
     """Held-out figures of the carried efficiency terms (`simulator.validation.carry`):
     each row predicted with the terms fitted without its source (``by_gpu`` False) or
     without its GPU type (leave-one-GPU-out), grouped by ``by`` (``gpu``, ``precision``);
     ``dense``: the dense rows only (fitted and reported), no mixture-of-experts row.
+    Returns the groups (`summarize`) and the per-row errors (`held_out_errors`).
 
     Raises:
         PlanError: a ``--by`` name other than gpu / precision.
@@ -136,7 +137,7 @@ def held_out_report(paths: list[str], *, by_gpu: bool, by: tuple[str, ...],
     cases = [c for p in paths for c in read_runs(p, []) if not (dense and c.model.is_moe)]
     group = (lambda c: case_device(c).name) if by_gpu else (lambda c: c.source)
     errors = held_out_errors(cases, group, iters=iters)
-    return summarize(errors, [HELD_OUT_KEYS[b] for b in by or ("gpu",)])
+    return summarize(errors, [HELD_OUT_KEYS[b] for b in by or ("gpu",)]), errors
 
 
 def print_held_out(console: Console, entries: list[dict], title: str) -> None:
@@ -155,11 +156,12 @@ def _held_out(args: argparse.Namespace) -> int:
 
     by = tuple(f.strip() for f in args.by.split(",")) if args.by else ()
     paths = [args.runs, *(args.loso_with or [])]
-    entries = held_out_report(paths, by_gpu=args.logo, by=by, iters=args.loso_iters,
-                              dense=args.dense)
+    entries, errors = held_out_report(paths, by_gpu=args.logo, by=by, iters=args.loso_iters,
+                                      dense=args.dense)
     kind = "leave-one-GPU-out" if args.logo else "leave-one-source-out"
     if args.json:
-        print_json({"held_out": entries, "kind": kind, "iters": args.loso_iters})
+        print_json({"held_out": entries, "rows": errors, "kind": kind,
+                    "iters": args.loso_iters})
     else:
         print_held_out(Console(), entries, f"{kind}, carried efficiency terms (closed form, "
                        f"{args.loso_iters} Nelder-Mead iterations per refit)")

@@ -92,6 +92,14 @@ class Efficiency:
         flash_fraction: the attention kernel's FLOP rate relative to a large GEMM; a property
             of the generation's kernel (FlashAttention-2 on Hopper, cuDNN on Blackwell:
             ``efficiency.yaml``), not carried across generations.
+        flash_ceiling: the GEMM ceiling ``flash_fraction`` is stated against, held fixed:
+            the attention kernel then runs at ``flash_fraction · flash_ceiling`` of the dense
+            peak whatever ``gemm_max_fraction`` is (`attention_peak_fraction`). None (a
+            device's own entry, and its per-device fit): ``gemm_max_fraction``, so attention
+            moves with the device's fitted GEMM ceiling. The carry rule sets it to the
+            device entry's documented ceiling (`simulator.validation.carry`): a ceiling
+            refitted as one term for every GPU is no property of any one GPU's attention
+            kernel.
         fp8_fraction: an FP8 / MXFP8 GEMM's ceiling (fraction of the FP8 peak) relative to
             a bf16 GEMM's ``gemm_max_fraction`` of the bf16 peak (`lowp_efficiency`).
         fp4_fraction: the same for NVFP4 GEMMs against the FP4 peak.
@@ -105,6 +113,7 @@ class Efficiency:
     kernel_s: float
     host_op_s: float
     flash_fraction: float = 0.8
+    flash_ceiling: float | None = None
     fp8_fraction: float = 1.0
     fp4_fraction: float = 1.0
     source: str = ""
@@ -114,6 +123,8 @@ class Efficiency:
                      "fp4_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise PlanError(f"{name}={getattr(self, name)!r} must be in (0, 1]")
+        if self.flash_ceiling is not None and not 0 < self.flash_ceiling <= 1:
+            raise PlanError(f"flash_ceiling={self.flash_ceiling!r} must be in (0, 1] or None")
         for name in ("gemm_half_flops", "kernel_s", "host_op_s"):
             if getattr(self, name) < 0:
                 raise PlanError(f"{name}={getattr(self, name)!r} must be >= 0")
@@ -134,6 +145,20 @@ def load_efficiency(device: str) -> Efficiency:
                           memory_fraction=1.0, kernel_s=0.0, host_op_s=0.0,
                           flash_fraction=1.0, source="generic: device profile efficiencies")
     return Efficiency(**data)
+
+
+def attention_peak_fraction(eff: Efficiency) -> float:
+    """The fused attention kernel's FLOP rate as a fraction of the dense peak:
+    ``flash_fraction`` times ``flash_ceiling`` (``gemm_max_fraction`` where that is None).
+
+    >>> e = Efficiency(gemm_max_fraction=0.5, gemm_half_flops=0.0, num_sms=1,
+    ...                memory_fraction=1.0, kernel_s=0.0, host_op_s=0.0, flash_fraction=0.8)
+    >>> attention_peak_fraction(e), attention_peak_fraction(
+    ...     dataclasses.replace(e, flash_ceiling=0.7))
+    (0.4, 0.5599999999999999)
+    """
+    ceiling = eff.gemm_max_fraction if eff.flash_ceiling is None else eff.flash_ceiling
+    return eff.flash_fraction * ceiling
 
 
 def load_framework(name: str) -> dict[str, float]:
@@ -222,9 +247,10 @@ def with_attention_kernel(eff: Efficiency, device: str, kernel: str | None) -> E
     kernel's published training rate (`attention_kernel_rate`, a fraction of the dense peak)
     over the GEMM ceiling of the device's ``efficiency.yaml`` entry, the documented
     isolated-GEMM ceiling every ``flash_fraction`` is measured against (H100: 0.713), so a
-    refit of the GEMM terms moves attention with the GEMMs as it does for every device
-    default. ``eff`` itself when ``kernel`` is None or has no published rate on the
-    device's generation.
+    per-device refit of the GEMM terms moves attention with the GEMMs as it does for every
+    device default; over ``eff.flash_ceiling`` where that is set (the carry rule), so the
+    kernel stays at its published fraction of the peak. ``eff`` itself when ``kernel`` is
+    None or has no published rate on the device's generation.
 
     >>> e = with_attention_kernel(load_efficiency("h100-sxm-80gb"), "h100-sxm-80gb", "te-fused")
     >>> round(e.flash_fraction, 4)  # cuDNN 0.5275 of the peak / the 0.713 ceiling
@@ -235,8 +261,9 @@ def with_attention_kernel(eff: Efficiency, device: str, kernel: str | None) -> E
     rate = attention_kernel_rate(kernel, device) if kernel else None
     if rate is None:
         return eff
-    return dataclasses.replace(
-        eff, flash_fraction=rate.fraction / load_efficiency(device).gemm_max_fraction)
+    ceiling = load_efficiency(device).gemm_max_fraction if eff.flash_ceiling is None \
+        else eff.flash_ceiling
+    return dataclasses.replace(eff, flash_fraction=rate.fraction / ceiling)
 
 
 class Op(NamedTuple):
@@ -458,7 +485,7 @@ def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> flo
     if op.m:
         return gemm_time_s(op.m, op.n, op.k, peak, eff, op.count)
     if op.flops:
-        return op.flops / (peak * eff.gemm_max_fraction * eff.flash_fraction * op.rate) \
+        return op.flops / (peak * attention_peak_fraction(eff) * op.rate) \
             + eff.kernel_s
     return op.bytes / (device.memory_bandwidth_Bps * eff.memory_fraction) + eff.kernel_s
 

@@ -15,7 +15,9 @@ terms its datasheet gives (docs/validation.md, "Efficiency across generations"):
   ``efficiency.yaml`` entry: ``flash_fraction`` (the attention kernel's rate relative to a
   GEMM; FlashAttention-2's 35% of the H100 peak on Hopper, on Blackwell cuDNN's 54.6% of the B200 peak times the share of cuDNN's benchmark Hopper training reaches, on
   Blackwell, where FlashAttention-2 / -3 do not run). Neither carried nor refitted: which
-  kernel a generation runs is a fact about its software, not an efficiency to fit.
+  kernel a generation runs is a fact about its software, not an efficiency to fit. It is
+  stated against the device entry's own documented GEMM ceiling (``flash_ceiling``), so the
+  kernel keeps its share of the peak when the one carried ``gemm_max_fraction`` is refitted.
 
 `carried_efficiency` builds a device's entry from the reference entry (H100 SXM's) by those
 rules; `held_out_errors` fits the carried terms on every row but a group (a source, or a GPU
@@ -61,6 +63,7 @@ def carried_efficiency(ref: Efficiency, ref_device: DeviceProfile,
     own = load_efficiency(device.name)
     return dataclasses.replace(ref, gemm_half_flops=ref.gemm_half_flops * ratio,
                                num_sms=own.num_sms, flash_fraction=own.flash_fraction,
+                               flash_ceiling=own.gemm_max_fraction,
                                source=f"carried from {ref_device.name}")
 
 

@@ -97,20 +97,38 @@ def test_missing_plan_file_exits_2():
     assert "does not exist" in proc.stderr
 
 
-def test_validate_held_out_table_prints(tmp_path, capsys):
-    # The held-out table's own console: `--loso-carried` without --json printed nothing but
-    # a NameError. Two rows of two sources (cells as in ../shared/data's published_runs.csv
-    # format), no refit (--loso-iters 0): the table names the device it grouped by.
+def _two_runs_csv(tmp_path, second_source: str):
+    """A runs CSV of two rows of one 8-GPU H100 run, ``a`` (NVIDIA/Megatron-LM, 1.0 s) and
+    ``b`` (``second_source``, 2.0 s)."""
     header = ("id,source,table,model,params_b,layers,hidden,heads,kv_heads,ffn_hidden,vocab,"
               "seq_len,gpu,num_gpus,tp,pp,dp,cp,vpp,micro_batch,global_batch,recompute,"
               "sequence_parallel,zero_stage,ref_step_time_s,ref_step_time_kind,"
               "reported_tflops_per_gpu,reported_mfu,reported_hfu,notes")
-    rows = [f"a,NVIDIA/Megatron-LM README,t,GPT,1.3,24,2048,16,16,8192,51200,2048,"
+    rows = [f"{i},{src} README,t,GPT,1.3,24,2048,16,16,8192,51200,2048,"
             f"H100 SXM 80GB,8,1,1,8,1,,1,64,,,,{t},reported,,,,precision=bf16"
-            for t in ("1.0", "2.0")]
-    rows[1] = rows[1].replace("a,NVIDIA/Megatron-LM", "b,pytorch/torchtitan")
+            for i, src, t in (("a", "NVIDIA/Megatron-LM", "1.0"), ("b", second_source, "2.0"))]
     csv = tmp_path / "runs.csv"
     csv.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    return csv
+
+
+def test_validate_held_out_table_prints(tmp_path, capsys):
+    # The held-out table's own console: `--loso-carried` without --json printed nothing but
+    # a NameError. Two rows of two sources (cells as in ../shared/data's published_runs.csv
+    # format), no refit (--loso-iters 0): the table names the device it grouped by.
+    csv = _two_runs_csv(tmp_path, "pytorch/torchtitan")
     assert main(["validate", "--runs", str(csv), "--loso-carried", "--loso-iters", "0"]) == 0
     out = capsys.readouterr().out
     assert "leave-one-source-out" in out and "h100-sxm-80gb" in out
+
+
+def test_validate_held_out_json_lists_each_row(tmp_path, capsys):
+    # `--json` gives each row's held-out error beside the groups. The two rows are the same run
+    # measured at 1.0 s and 2.0 s, held out by GPU type, no refit (--loso-iters 0): one prediction p for both, so
+    # their errors p/1 - 1 and p/2 - 1 satisfy 1 + e_a = 2 (1 + e_b).
+    csv = _two_runs_csv(tmp_path, "NVIDIA/Megatron-LM")  # one source: one framework
+    assert main(["validate", "--runs", str(csv), "--logo", "--loso-iters", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    errors = {r["id"]: r["held_out"] for r in out["rows"]}
+    assert set(errors) == {"a", "b"} and out["kind"] == "leave-one-GPU-out"
+    assert 1 + errors["a"] == pytest.approx(2 * (1 + errors["b"]))

@@ -8,7 +8,7 @@ import pytest
 from planner.presets import load_model
 from planner.spec import Plan
 from simulator.network.hardware import load_device
-from simulator.step.compute import load_efficiency
+from simulator.step.compute import Op, attention_peak_fraction, load_efficiency, op_time_s
 from simulator.step.stagecosts import SimOptions
 from simulator.validation.carry import (
     carried_efficiency,
@@ -71,6 +71,28 @@ def test_attention_kernel_rate_is_not_refitted():
     assert fitted.flash_fraction == load_efficiency("h100-sxm-80gb").flash_fraction
     b200 = carried_efficiency(fitted, load_device("h100-sxm-80gb"), load_device("b200-sxm-180gb"))
     assert b200.flash_fraction == load_efficiency("b200-sxm-180gb").flash_fraction
+
+
+def test_a_carried_refit_leaves_each_attention_kernel_at_its_benchmark_rate():
+    # The fused attention kernel is not a cuBLAS GEMM: under the carry rule its rate is the
+    # fraction of the dense peak its device entry states (H100: FlashAttention-2's 35%, 0.49 x
+    # the 0.713 ceiling it is stated against; B200: 0.508 x 0.713 = 36.2%), and a refit that
+    # moves the one carried GEMM ceiling (here towards 0.55) leaves it there.
+    h100, b200 = load_device("h100-sxm-80gb"), load_device("b200-sxm-180gb")
+    fitted = fit_carried(_cases(0.55), load_efficiency("h100-sxm-80gb"), h100, iters=40,
+                         free=("gemm_max_fraction",))
+    assert fitted.gemm_max_fraction == pytest.approx(0.55, rel=0.01)
+    on_h100, on_b200 = carried_efficiency(fitted, h100, h100), carried_efficiency(fitted, h100, b200)
+    assert attention_peak_fraction(on_h100) == pytest.approx(0.49 * 0.713, rel=1e-9)
+    assert attention_peak_fraction(on_b200) == pytest.approx(0.508 * 0.713, rel=1e-9)
+    # One causal attention core of 2·T·s·h = 2 x 8192 x 8192 x 4096 = 5.498e11 FLOPs on H100:
+    # 5.498e11 / (989e12 x 0.34937) + the 8.851 us kernel time = 1.5999 ms, shipped or refitted.
+    core = Op("attn-core", flops=2 * 8192 * 8192 * 4096)
+    for eff in (load_efficiency("h100-sxm-80gb"), on_h100):
+        assert op_time_s(core, h100, eff, "bf16") == pytest.approx(1.5999e-3, rel=1e-4)
+    # A device's own entry (its per-device fit) keeps attention on its own ceiling.
+    own = dataclasses.replace(load_efficiency("h100-sxm-80gb"), gemm_max_fraction=0.55)
+    assert attention_peak_fraction(own) == pytest.approx(0.49 * 0.55, rel=1e-9)
 
 
 def _cases(true_fraction: float) -> list[RunCase]:
