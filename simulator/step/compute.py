@@ -463,13 +463,23 @@ def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> flo
     return op.bytes / (device.memory_bandwidth_Bps * eff.memory_fraction) + eff.kernel_s
 
 
+#: The GEMMs next to a block's TP collectives (sequence parallelism), in block order: the
+#: all-gather feeds ``qkv``, ``out-proj`` feeds a reduce-scatter, the all-gather feeds
+#: ``mlp-up``, ``mlp-down`` feeds a reduce-scatter (Korthikanti et al. 2022, Fig. 5).
+TP_GEMMS = ("qkv", "out-proj", "mlp-up", "mlp-down")
+
+
 @dataclass(frozen=True)
 class LayerCompute:
     """Seconds one block takes on one TP rank for one micro-batch.
 
     fwd_s / bwd_s are device times (bwd without recomputation); attn_core_fwd_s is the part
     of fwd_s that selective recomputation repeats; host_fwd_s / host_bwd_s are CPU launch
-    times; kernels_fwd counts forward ops.
+    times; kernels_fwd counts forward ops. tp_gemms_s: forward seconds of the four GEMMs a
+    tensor-parallel collective feeds or is fed by, in block order (QKV projection, output
+    projection, MLP up, MLP down), each as (one GEMM, the same work as ``tp`` row chunks of
+    ``m / tp``: micro-pipelined TP's decomposition); empty when the block has no such
+    GEMMs or is a mixture of block kinds.
     """
 
     fwd_s: float
@@ -478,6 +488,7 @@ class LayerCompute:
     host_fwd_s: float
     host_bwd_s: float
     kernels_fwd: int
+    tp_gemms_s: tuple[tuple[float, float], ...] = ()
 
 
 @lru_cache(maxsize=4096)
@@ -489,7 +500,16 @@ def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel
     ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp,
                             cp_attention)
     ops += cast_ops(ops, dtype, block_scaled_device(device.peak_flops))
-    return ops_compute(tuple(ops), device, eff, dtype)
+    lc = ops_compute(tuple(ops), device, eff, dtype)
+    gemms = {op.name: op for op in ops if op.name in TP_GEMMS}
+    if tp == 1 or len(gemms) != len(TP_GEMMS):
+        return lc
+    chunked = tuple(
+        (op_time_s(gemms[name], device, eff, dtype),
+         tp * op_time_s(gemms[name]._replace(m=max(1, gemms[name].m // tp)), device, eff,
+                        dtype))
+        for name in TP_GEMMS)
+    return dataclasses.replace(lc, tp_gemms_s=chunked)
 
 
 def ops_compute(ops: tuple[Op, ...], device: DeviceProfile, eff: Efficiency,
