@@ -139,8 +139,8 @@ def framework_search_kwargs(name: str) -> dict:
 
 
 #: The header's framework line without ``--framework``.
-DEFAULT_FRAMEWORK_LINE = ("simulator defaults (Megatron-LM-like: no TP overlap, gradient "
-                          "reduction after the backward; --framework names a family)")
+DEFAULT_FRAMEWORK_LINE = ("simulator defaults (Megatron-LM-like: no TP overlap, reduction "
+                          "after the backward)")
 
 
 def framework_line(name: str | None) -> str:
