@@ -526,7 +526,8 @@ def _compute_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimO
 def _fresh_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                       options.attention, plan.dtype, dev, eff, plan.cp, options.cp_attention)
+                       options.attention, plan.dtype, dev, eff, plan.cp, options.cp_attention,
+                       options.eager_pointwise)
     host_re = {"full": lc.host_fwd_s, "none": 0.0,
                "selective": eff.host_op_s * 4}[plan.recompute]
     return eff, dev, lc, host_re

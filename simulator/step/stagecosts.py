@@ -73,6 +73,9 @@ class SimOptions:
             compute) or 'async-tp' (PyTorch's micro-pipelined async TP: each collective hides
             only under the GEMM it feeds or is fed by, and the backward reduce-scatters are
             not fused; `simulator.step.costs.async_tp_exposed_s`).
+        eager_pointwise: the model runs eagerly (no torch.compile): its norms, rotary
+            embedding and SwiGLU run as unfused PyTorch ops
+            (`simulator.step.compute.eager_pointwise_bytes`); False: fused kernels.
         grad_reduce_bytes: bytes per gradient element in the DP reduction; None: 4 for bf16
             (Megatron accumulates and reduces bf16 gradients in fp32), else the dtype's.
         dp_bucket_bytes: gradient bucket size for overlapped reduction; None: one bucket per
@@ -141,6 +144,7 @@ class SimOptions:
     attention: Attention = "flash"
     tp_comm_overlap: bool = False
     tp_overlap_kind: str = "block"
+    eager_pointwise: bool = False
     grad_reduce_bytes: int | None = None
     dp_bucket_bytes: float | None = DDP_BUCKET_BYTES
     blocking_p2p: bool = False
