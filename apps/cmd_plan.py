@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from apps.clusters import add_cpu_profile_option
 from apps.cmd_faults import add_straggler_options, check_straggler_flags
@@ -115,6 +116,43 @@ def dtype_notes(dtypes) -> list[str]:
     return notes
 
 
+#: The framework families `--framework` names (the files of presets/frameworks, listed
+#: without importing the simulator: `--help` stays light).
+FRAMEWORK_DIR = Path(__file__).resolve().parent.parent / "simulator" / "presets" / "frameworks"
+
+
+def framework_names() -> list[str]:
+    """The ``--framework`` choices: the stems of ``simulator/presets/frameworks/*.yaml``."""
+    return sorted(p.stem for p in FRAMEWORK_DIR.glob("*.yaml"))
+
+
+def framework_search_kwargs(name: str) -> dict:
+    """`planner.search.search` keywords for framework family ``name``: its `SimOptions`
+    (`simulator.validation.validate.framework_options` over the family's defaults and fitted
+    parameters) and whether it overlaps the gradient reduction with the backward."""
+    from simulator.validation.frameworks import framework
+    from simulator.validation.validate import framework_options
+    fw = framework(name)
+    overlap_dp = bool(fw.defaults["overlap_dp"])
+    return {"options": framework_options(fw, dict(fw.defaults), overlap_dp=overlap_dp),
+            "overlap_dp": overlap_dp}
+
+
+#: The header's framework line without ``--framework``.
+DEFAULT_FRAMEWORK_LINE = ("simulator defaults (Megatron-LM-like: no TP overlap, reduction "
+                          "after the backward)")
+
+
+def framework_line(name: str | None) -> str:
+    """The header line of ``--framework name``: the family, its file and its description
+    (`DEFAULT_FRAMEWORK_LINE` for None)."""
+    if name is None:
+        return DEFAULT_FRAMEWORK_LINE
+    from simulator.validation.frameworks import framework
+    fw = framework(name)
+    return f"{fw.name} (presets/frameworks/{fw.name}.yaml: {fw.description})"
+
+
 def require_positive(args: argparse.Namespace, *flags: str, allow_zero: bool = False) -> None:
     """Raise `PlanError` naming the flag when one of ``flags`` is given and not positive."""
     for flag in flags:
@@ -155,9 +193,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f", {cluster.device.name}), global batch {gb}")
     if cluster.nics_per_node == 0:
         notes.print(profile_line(cluster), highlight=False)
+    framework_kwargs = {}
+    if getattr(args, "framework", None):
+        framework_kwargs = framework_search_kwargs(args.framework)
+    notes.print(f"framework: {framework_line(getattr(args, 'framework', None))}",
+                highlight=False, markup=False)
     with notes.status("searching every legal plan ...") as status:
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
-                        progress=SearchProgress(notes, status), **search_kwargs(args))
+                        progress=SearchProgress(notes, status), **search_kwargs(args),
+                        **framework_kwargs)
     if getattr(args, "objective", "throughput") == "goodput":
         result = goodput_ranked(console, result, model, cluster, args, tokens)
     if tokens is not None:
@@ -264,6 +308,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--spare-delay-s", type=float, help="seconds to swap a spare node in "
                     "after a node failure (--objective goodput, with --node-mtbf-hours; "
                     "default 0)")
+    sp.add_argument("--framework", choices=framework_names(), help="cost every plan as "
+                    "this framework family runs it (presets/frameworks: TP overlap, gradient "
+                    "reduction dtype and overlap, attention kernel, fitted parameters); "
+                    "default: the simulator's defaults (Megatron-LM-like, no TP overlap, "
+                    "gradient reduction after the backward)")
     add_straggler_options(sp)
     add_train_options(sp)
     add_plan_options(sp)

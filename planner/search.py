@@ -22,7 +22,12 @@ from planner.precision import search_dtypes
 from planner.space import Rejection, SearchSpace, enumerate_candidates
 from planner.spec import MEMORY_HEADROOM, ModelSpec, Plan, PlanError
 from simulator.network.cluster import Cluster
-from simulator.step.costs import DEFAULT_OPTIONS, compute_lower_bounds_s, step_lower_bound_s
+from simulator.step.costs import (
+    DEFAULT_OPTIONS,
+    SimOptions,
+    compute_lower_bounds_s,
+    step_lower_bound_s,
+)
 from simulator.step.memory import MemoryBreakdown, worst_stage_memory
 from simulator.step.simulate import StepPrediction, estimate, simulate
 
@@ -178,7 +183,8 @@ def _row(plan: Plan, pred: StepPrediction, tier: str) -> dict:
 def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_batch: int,
            num_devices: int | None, max_devices: int | None, memory_headroom: float,
            dtype: str, overlap_dp: bool = False, prune: int | None = None,
-           progress: Callable[[str], None] | None = None):
+           progress: Callable[[str], None] | None = None,
+           options: SimOptions = DEFAULT_OPTIONS):
     """The analytical tier: ``(screened, rejected, closest, candidates, fitting)``;
     ``progress`` (if given) is called with a one-line status every `PROGRESS_EVERY`
     candidates and estimates.
@@ -224,14 +230,15 @@ def screen(model: ModelSpec, cluster: Cluster, space: SearchSpace, *, global_bat
         for i, p in enumerate(fitting, start=1):
             if progress is not None and i % PROGRESS_EVERY == 0:
                 progress(f"{dtype}: estimated {i:,} of {len(fitting):,} plans that fit")
-            screened.append((p, estimate(model, p, cluster, overlap_dp=overlap_dp)))
+            screened.append((p, estimate(model, p, cluster, overlap_dp=overlap_dp, options=options)))
     else:
-        screened = prune_by_bound(model, cluster, fitting, prune, overlap_dp)
+        screened = prune_by_bound(model, cluster, fitting, prune, overlap_dp, options)
     return screened, rejected, closest, candidates, fitting
 
 
 def prune_by_bound(model: ModelSpec, cluster: Cluster, plans: list[Plan], keep: int,
-                   overlap_dp: bool = False) -> list[tuple[Plan, StepPrediction]]:
+                   overlap_dp: bool = False, options: SimOptions = DEFAULT_OPTIONS
+                   ) -> list[tuple[Plan, StepPrediction]]:
     """``(plan, estimate)`` of the plans that can be among the ``keep`` fastest, in the order
     of ``plans``: branch and bound on the step time.
 
@@ -248,13 +255,13 @@ def prune_by_bound(model: ModelSpec, cluster: Cluster, plans: list[Plan], keep: 
     if keep < 1:
         raise PlanError(f"prune={keep} must be >= 1 (plans kept by the bound); leave it unset "
                         f"to cost every plan")
-    bounds = sorted((step_lower_bound_s(model, p, cluster), i) for i, p in enumerate(plans))
+    bounds = sorted((step_lower_bound_s(model, p, cluster, options), i) for i, p in enumerate(plans))
     best: list[float] = []  # max-heap (negated) of the `keep` best step times so far
     costed: list[tuple[int, StepPrediction]] = []
     for bound, i in bounds:
         if len(best) == keep and bound > -best[0] * (1 + 1e-9):
             break
-        pred = estimate(model, plans[i], cluster, overlap_dp=overlap_dp)
+        pred = estimate(model, plans[i], cluster, overlap_dp=overlap_dp, options=options)
         costed.append((i, pred))
         if len(best) < keep:
             heapq.heappush(best, -pred.step_time_s)
@@ -265,7 +272,8 @@ def prune_by_bound(model: ModelSpec, cluster: Cluster, plans: list[Plan], keep: 
 
 def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPrediction]],
            top_k: int, overlap_dp: bool = False, *, pruned: list[Plan] = (),
-           order: Callable[[tuple[Plan, StepPrediction]], tuple] | None = None
+           order: Callable[[tuple[Plan, StepPrediction]], tuple] | None = None,
+           options: SimOptions = DEFAULT_OPTIONS
            ) -> tuple[dict[str, StepPrediction], list[tuple[Plan, StepPrediction]]]:
     """The SimPy tier: simulate the ``top_k`` best estimates, then (up to `EXTRA_REFINE` ×
     ``top_k`` more) every plan whose lower bound beats the k-th best simulated plan.
@@ -284,14 +292,14 @@ def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPr
     ranked it): the second pass then sees what it sees without pruning.
     """
     screened = [(p, e) for p, e in screened if p.num_microbatches <= MAX_SIMULATED_MICROBATCHES]
-    sims = {p.id: simulate(model, p, cluster, overlap_dp=overlap_dp) for p, _ in
+    sims = {p.id: simulate(model, p, cluster, overlap_dp=overlap_dp, options=options) for p, _ in
             screened[:top_k]}
     recovered: list[tuple[Plan, StepPrediction]] = []
     if sims and pruned:
         kth = sorted(s.step_time_s for s in sims.values())[-1]
-        recovered = [(p, estimate(model, p, cluster, overlap_dp=overlap_dp)) for p in pruned
+        recovered = [(p, estimate(model, p, cluster, overlap_dp=overlap_dp, options=options)) for p in pruned
                      if p.num_microbatches <= MAX_SIMULATED_MICROBATCHES
-                     and compute_lower_bounds_s(model, p, cluster)[1] < kth]
+                     and compute_lower_bounds_s(model, p, cluster, options)[1] < kth]
         screened = sorted(screened + recovered, key=order)
     if not sims or len(screened) <= top_k:
         return sims, recovered
@@ -302,7 +310,7 @@ def refine(model: ModelSpec, cluster: Cluster, screened: list[tuple[Plan, StepPr
         if bound >= kth:
             break
         plan = screened[i][0]
-        sims[plan.id] = simulate(model, plan, cluster, overlap_dp=overlap_dp)
+        sims[plan.id] = simulate(model, plan, cluster, overlap_dp=overlap_dp, options=options)
     return sims, recovered
 
 
@@ -313,7 +321,8 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
            recompute: tuple[str, ...] | None = None, space: SearchSpace | None = None,
            overlap_dp: bool = False, explain: bool = True,
            prune: int | None = None,
-           progress: Callable[[str], None] | None = None) -> SearchResult:
+           progress: Callable[[str], None] | None = None,
+           options: SimOptions = DEFAULT_OPTIONS) -> SearchResult:
     """Search every plan of ``space`` for ``model`` on ``cluster``; rank by predicted tokens/s.
 
     Args:
@@ -334,6 +343,9 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
             SimPy tier sees the same candidates); the ranked table then holds the plans
             costed, and ``stats["pruned"]`` counts the others. None: cost every plan.
         progress: called with a one-line status while the search runs (`screen`).
+        options: the framework behaviour both tiers cost plans with (`SimOptions`; e.g. a
+            framework family's, `simulator.validation.validate.framework_options`); default
+            `DEFAULT_OPTIONS`. Memory is counted as for `DEFAULT_OPTIONS`.
     Returns:
         A `SearchResult`; its ``ranked`` table is sorted best first.
     Raises:
@@ -360,7 +372,7 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
         s_dt, r_dt, c_dt, n_dt, f_dt = screen(
             model, cluster, space, global_batch=gb, num_devices=exact, max_devices=most,
             memory_headroom=memory_headroom, dtype=dt, overlap_dp=overlap_dp, prune=keep,
-            progress=progress)
+            progress=progress, options=options)
         screened, rejected, candidates = screened + s_dt, rejected + r_dt, candidates + n_dt
         fitting += f_dt
         closest = sorted(closest + c_dt, key=lambda e: e[0])[:CLOSEST_KEPT]
@@ -375,7 +387,7 @@ def search(model: ModelSpec, cluster: Cluster, *, global_batch: int | None = Non
     costed = {p.id for p, _ in screened}
     refined, recovered = refine(model, cluster, screened, top_k, overlap_dp,
                                 pruned=[p for p in fitting if p.id not in costed],
-                                order=order)
+                                order=order, options=options)
     if recovered:
         screened = sorted(screened + recovered, key=order)
     rows, plans, preds = [], {}, {}

@@ -375,9 +375,37 @@ def torch_cp_merge_bytes(cp: int) -> tuple[int, int]:
     return 46 * cp - 34, 60 * cp + 16
 
 
+def eager_pointwise_bytes(model: ModelSpec, tokens: int, replicated: int, tp: int) -> int:
+    """Forward HBM bytes one block's pointwise ops move in eager PyTorch beyond the fused
+    kernels the block's other ops are costed as (torch.compile / inductor fuses each chain
+    into one read and one write), for ``tokens`` TP-sharded and ``replicated`` tokens of the
+    norms' (sequence-parallel) region, bf16 activations. The eager chains, as torchtitan's
+    Llama model runs them (``torchtitan/models/llama3/model.py``) on PyTorch's composite ops:
+
+    * RMSNorm (``nn.RMSNorm``, ATen's composite ``rms_norm``: the input upcast to fp32,
+      ``pow``, ``mean``, ``mul`` by the ``rsqrt``, back to bf16, ``mul`` by the weight): per
+      element 6 + 8 + 4 + 8 + 6 + 4 = 36 bytes against the fused 4; two per block;
+    * rotary embedding of q and k (``apply_rotary_emb``: ``float()``, complex ``mul``,
+      ``type_as``): 6 + 8 + 6 = 20 bytes per element of q and k, against a fused 4;
+    * SwiGLU (``silu(w1 x) * w3 x``): ``silu`` 4 and ``mul`` 6 bytes per element of the hidden
+      width, against the fused 6.
+
+    >>> from planner.presets import load_model
+    >>> m = load_model("llama3-8b")
+    >>> # one token, tp 1: 2 x 32 x 4096 + 16 x (4096 + 1024) + 4 x 14336
+    >>> eager_pointwise_bytes(m, 1, 1, 1)
+    401408
+    """
+    norms = 2 * (36 - 4) * replicated * model.hidden
+    rope = (20 - 4) * tokens * (model.num_heads * model.head_dim + model.kv_hidden) // tp
+    swiglu = (10 - 6) * tokens * model.ffn_hidden // tp if model.activation == "swiglu" else 0
+    return norms + rope + swiglu
+
+
 def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
                       attention: Attention, dtype: str, cp: int = 1,
-                      cp_attention: CpAttention = "ring") -> list[Op]:
+                      cp_attention: CpAttention = "ring",
+                      eager_pointwise: bool = False) -> list[Op]:
     """Forward ops of one block on one TP rank (see the module table).
 
     With context parallelism (``cp`` > 1) the rank holds T = b·s/cp tokens of each sequence
@@ -385,7 +413,9 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
     2023, "Ring Attention"); with two balanced chunks per rank the causal half is the same on
     every rank, so attention FLOPs are 1/cp of the whole. PyTorch's context-parallel SDPA
     (``cp_attention='pytorch'``) adds one memory-bound op, ``cp-merge``: its fp32 merges of
-    the blocks' partial outputs and gradients (`torch_cp_merge_bytes`).
+    the blocks' partial outputs and gradients (`torch_cp_merge_bytes`). ``eager_pointwise``
+    (a model run without torch.compile) adds ``eager-pointwise``, the unfused pointwise
+    chains' extra traffic (`eager_pointwise_bytes`).
     """
     s, h, f, kv = model.seq_len, model.hidden, model.ffn_hidden, model.kv_hidden
     t, d = micro_batch * s // cp, DTYPE_BYTES[dtype]
@@ -425,6 +455,8 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, tp: int, sequence_para
         fwd, bwd = torch_cp_merge_bytes(cp)
         out = t * model.num_heads * model.head_dim // tp  # the rank's attention output
         ops.append(Op("cp-merge", bytes=fwd * out, bwd_bytes=bwd * out))
+    if eager_pointwise:
+        ops.append(Op("eager-pointwise", bytes=eager_pointwise_bytes(model, t, rep, tp)))
     return ops
 
 
@@ -490,13 +522,23 @@ def op_time_s(op: Op, device: DeviceProfile, eff: Efficiency, dtype: str) -> flo
     return op.bytes / (device.memory_bandwidth_Bps * eff.memory_fraction) + eff.kernel_s
 
 
+#: The GEMMs next to a block's TP collectives (sequence parallelism), in block order: the
+#: all-gather feeds ``qkv``, ``out-proj`` feeds a reduce-scatter, the all-gather feeds
+#: ``mlp-up``, ``mlp-down`` feeds a reduce-scatter (Korthikanti et al. 2022, Fig. 5).
+TP_GEMMS = ("qkv", "out-proj", "mlp-up", "mlp-down")
+
+
 @dataclass(frozen=True)
 class LayerCompute:
     """Seconds one block takes on one TP rank for one micro-batch.
 
     fwd_s / bwd_s are device times (bwd without recomputation); attn_core_fwd_s is the part
     of fwd_s that selective recomputation repeats; host_fwd_s / host_bwd_s are CPU launch
-    times; kernels_fwd counts forward ops.
+    times; kernels_fwd counts forward ops. tp_gemms_s: forward seconds of the four GEMMs a
+    tensor-parallel collective feeds or is fed by, in block order (QKV projection, output
+    projection, MLP up, MLP down), each as (one GEMM, the same work as ``tp`` row chunks of
+    ``m / tp``: micro-pipelined TP's decomposition); empty when the block has no such
+    GEMMs or is a mixture of block kinds.
     """
 
     fwd_s: float
@@ -505,18 +547,28 @@ class LayerCompute:
     host_fwd_s: float
     host_bwd_s: float
     kernels_fwd: int
+    tp_gemms_s: tuple[tuple[float, float], ...] = ()
 
 
 @lru_cache(maxsize=4096)
 def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,
                   attention: Attention, dtype: str, device: DeviceProfile,
-                  eff: Efficiency, cp: int = 1, cp_attention: CpAttention = "ring"
-                  ) -> LayerCompute:
+                  eff: Efficiency, cp: int = 1, cp_attention: CpAttention = "ring",
+                  eager_pointwise: bool = False) -> LayerCompute:
     """`LayerCompute` of one block (cached: the planner calls it for many plans)."""
     ops = layer_forward_ops(model, micro_batch, tp, sequence_parallel, attention, dtype, cp,
-                            cp_attention)
+                            cp_attention, eager_pointwise)
     ops += cast_ops(ops, dtype, block_scaled_device(device.peak_flops))
-    return ops_compute(tuple(ops), device, eff, dtype)
+    lc = ops_compute(tuple(ops), device, eff, dtype)
+    gemms = {op.name: op for op in ops if op.name in TP_GEMMS}
+    if tp == 1 or len(gemms) != len(TP_GEMMS):
+        return lc
+    chunked = tuple(
+        (op_time_s(gemms[name], device, eff, dtype),
+         tp * op_time_s(gemms[name]._replace(m=max(1, gemms[name].m // tp)), device, eff,
+                        dtype))
+        for name in TP_GEMMS)
+    return dataclasses.replace(lc, tp_gemms_s=chunked)
 
 
 def ops_compute(ops: tuple[Op, ...], device: DeviceProfile, eff: Efficiency,

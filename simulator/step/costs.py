@@ -84,19 +84,80 @@ def _device(cluster: Cluster):
                        memory_bandwidth_Bps=dev.memory_bandwidth_Bps * share)
 
 
+def _tp_collectives(model: ModelSpec, plan: Plan, cluster: Cluster,
+                    rank: int) -> tuple[float, float]:
+    # (all-gather s, reduce-scatter s) of one sequence-parallel TP collective of T·h.
+    act = plan.micro_batch * model.seq_len // plan.cp * model.hidden * DTYPE_BYTES[plan.dtype]
+    group = group_ranks(plan, "tp", stage=rank)
+    return (collective_time_s(cluster, "all_gather", act, group),
+            collective_time_s(cluster, "reduce_scatter", act, group))
+
+
 def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> float:
     # One TP collective pair's worth per layer direction: 2 all-reduces of T·h, or with SP
     # 2 × (reduce-scatter + all-gather).
     if plan.tp == 1:
         return 0.0
-    act = plan.micro_batch * model.seq_len // plan.cp * model.hidden * DTYPE_BYTES[plan.dtype]
-    group = group_ranks(plan, "tp", stage=rank)
     if plan.sequence_parallel:
-        one = (collective_time_s(cluster, "reduce_scatter", act, group)
-               + collective_time_s(cluster, "all_gather", act, group))
-    else:
-        one = collective_time_s(cluster, "all_reduce", act, group)
-    return 2 * one
+        return 2 * sum(_tp_collectives(model, plan, cluster, rank))
+    act = plan.micro_batch * model.seq_len // plan.cp * model.hidden * DTYPE_BYTES[plan.dtype]
+    return 2 * collective_time_s(cluster, "all_reduce", act, group_ranks(plan, "tp", stage=rank))
+
+
+def micro_pipelined_s(comm_s: float, gemm_s: float, chunked_s: float, tp: int) -> float:
+    """Seconds a collective of ``comm_s`` and the GEMM it feeds or is fed by take together
+    when micro-pipelined (PyTorch async TP: ``fused_all_gather_matmul`` /
+    ``fused_matmul_reduce_scatter`` over SymmetricMemory, copy-engine transfers), beyond the
+    GEMM's own ``gemm_s``: the GEMM is cut into ``tp`` row chunks (``chunked_s`` in all);
+    one chunk runs with no transfer (the local shard of an all-gather, the last partial of a
+    reduce-scatter) and each of the ``tp − 1`` others waits for, or is waited on by, one
+    shard's transfer of ``comm_s / (tp − 1)``: the pair takes
+    ``chunked/tp + (tp − 1)·max(chunked/tp, comm/(tp − 1)) = max(chunked, chunked/tp + comm)``
+    (Wang et al. 2023, "Overlap Communication with Dependent Computation via Decomposition
+    in Large Deep Learning Models", ASPLOS, §3; PyTorch
+    ``torch/distributed/_symmetric_memory`` ``_pipelined_all_gather_and_consume``).
+
+    >>> # a 4 ms GEMM under a 3 ms all-gather over 8 ranks, chunks 10% slower in all:
+    >>> # max(4.4, 0.55 + 3) - 4 = 0.4 ms (the chunking's cost; the transfer hides)
+    >>> round(micro_pipelined_s(3e-3, 4e-3, 4.4e-3, 8) * 1e3, 3)
+    0.4
+    >>> # a 2 ms GEMM cannot hide it: max(2, 0.25 + 3) - 2 = 1.25 ms exposed
+    >>> round(micro_pipelined_s(3e-3, 2e-3, 2e-3, 8) * 1e3, 3)
+    1.25
+    """
+    return max(chunked_s, chunked_s / tp + comm_s) - gemm_s
+
+
+def async_tp_exposed_s(ag_s: float, rs_s: float, gemms: tuple[tuple[float, float], ...],
+                       tp: int) -> tuple[float, float]:
+    """(forward, backward) exposed seconds per block of the sequence-parallel TP collectives
+    under PyTorch's async TP (torch._inductor ``_micro_pipeline_tp``, torchtitan
+    ``--parallelism.enable_async_tensor_parallel``, which requires torch.compile). Inductor's
+    pass fuses an all-gather with the matmul it feeds and a matmul with the reduce-scatter it
+    feeds (pytorch/pytorch#126598); each pair costs `micro_pipelined_s`, so a collective
+    hides only under its own GEMM (the attention side's QKV and output projections are
+    short), not the whole block. Forward: all four pairs, ``gemms`` = (QKV, output
+    projection, MLP up, MLP down) as `LayerCompute.tp_gemms_s`. Backward: the all-gathers
+    of the output gradient feed the output and down projections' dgrad GEMMs (the forward
+    GEMMs' shape) and fuse; the reduce-scatters after the QKV and up projections' dgrad take
+    a sum of matmuls, which the pass does not match (pytorch/pytorch#149946: "only valid
+    ...mm-reduce-scatter patterns in the forward graph, but not in the backward graph"),
+    so they stay exposed. Full recomputation repeats the forward's cost (add it to the
+    backward).
+
+    >>> g = ((1e-3, 1e-3), (1e-3, 1e-3), (8e-3, 8e-3), (4e-3, 4e-3))
+    >>> f, b = async_tp_exposed_s(2e-3, 2e-3, g, 8)
+    >>> # forward: QKV and output projection 1.125 ms exposed each (0.125 + 2 - 1), the MLP
+    >>> # pairs hide; backward: output projection 1.125 + the two reduce-scatters 2 x 2
+    >>> round(f * 1e3, 3), round(b * 1e3, 3)
+    (2.25, 5.125)
+    """
+    (qkv, qkv_c), (out, out_c), (up, up_c), (down, down_c) = gemms
+    fwd = (micro_pipelined_s(ag_s, qkv, qkv_c, tp) + micro_pipelined_s(rs_s, out, out_c, tp)
+           + micro_pipelined_s(ag_s, up, up_c, tp) + micro_pipelined_s(rs_s, down, down_c, tp))
+    bwd = (micro_pipelined_s(ag_s, out, out_c, tp) + micro_pipelined_s(ag_s, down, down_c, tp)
+           + 2 * rs_s)
+    return fwd, bwd
 
 
 def cp_ring_comm(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int) -> tuple[float, float]:
@@ -393,7 +454,14 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     fwd_comm = tp_comm
     bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
     hide_f = hide_b = 0.0  # per block
-    if options.tp_comm_overlap:
+    if options.tp_comm_overlap and options.tp_overlap_kind == "async-tp" \
+            and plan.sequence_parallel and lc.tp_gemms_s:
+        ag, rs = _tp_collectives(model, plan, cluster, rank)
+        ex_f, ex_b = async_tp_exposed_s(ag, rs, lc.tp_gemms_s, plan.tp)
+        ex_b += ex_f if plan.recompute == "full" else 0.0
+        hide_f, hide_b = max(0.0, fwd_comm - ex_f), max(0.0, bwd_comm - ex_b)
+        fwd_comm, bwd_comm = ex_f, ex_b
+    elif options.tp_comm_overlap:
         hide_f, hide_b = min(fwd_comm, fwd_dev), min(bwd_comm, bwd_dev)
         fwd_comm, bwd_comm = max(0.0, fwd_comm - fwd_dev), max(0.0, bwd_comm - bwd_dev)
     # The CP exchange hides under the block attention it feeds: only the excess shows (full
@@ -458,7 +526,8 @@ def _compute_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimO
 def _fresh_setup(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions):
     eff, dev = _efficiency(cluster, options), _device(cluster)
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel,
-                       options.attention, plan.dtype, dev, eff, plan.cp, options.cp_attention)
+                       options.attention, plan.dtype, dev, eff, plan.cp, options.cp_attention,
+                       options.eager_pointwise)
     host_re = {"full": lc.host_fwd_s, "none": 0.0,
                "selective": eff.host_op_s * 4}[plan.recompute]
     return eff, dev, lc, host_re

@@ -54,6 +54,10 @@ class StageCosts:
     bwd_overlap_s: float = 0.0
 
 
+#: How overlapped TP collectives hide (`SimOptions.tp_overlap_kind`).
+TP_OVERLAP_KINDS = ("block", "async-tp")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimOptions:
     """Framework behaviour a plan does not name (defaults: Megatron-LM-like).
@@ -64,6 +68,14 @@ class SimOptions:
             softmax, dropout, AV kernels).
         tp_comm_overlap: TP collectives run beside the GEMMs (Megatron-Core --tp-comm-overlap);
             only the part longer than the layer's compute is exposed.
+        tp_overlap_kind: how ``tp_comm_overlap`` overlaps: 'block' (Megatron-Core's
+            userbuffers: every TP collective, forward and backward, hides under the block's
+            compute) or 'async-tp' (PyTorch's micro-pipelined async TP: each collective hides
+            only under the GEMM it feeds or is fed by, and the backward reduce-scatters are
+            not fused; `simulator.step.costs.async_tp_exposed_s`).
+        eager_pointwise: the model runs eagerly (no torch.compile): its norms, rotary
+            embedding and SwiGLU run as unfused PyTorch ops
+            (`simulator.step.compute.eager_pointwise_bytes`); False: fused kernels.
         grad_reduce_bytes: bytes per gradient element in the DP reduction; None: 4 for bf16
             (Megatron accumulates and reduces bf16 gradients in fp32), else the dtype's.
         dp_bucket_bytes: gradient bucket size for overlapped reduction; None: one bucket per
@@ -131,6 +143,8 @@ class SimOptions:
 
     attention: Attention = "flash"
     tp_comm_overlap: bool = False
+    tp_overlap_kind: str = "block"
+    eager_pointwise: bool = False
     grad_reduce_bytes: int | None = None
     dp_bucket_bytes: float | None = DDP_BUCKET_BYTES
     blocking_p2p: bool = False
@@ -156,6 +170,9 @@ class SimOptions:
         if bad:
             raise PlanError(f"recompute_modules={list(self.recompute_modules)!r}: {bad} not "
                             f"among {list(RECOMPUTE_MODULES)} (Megatron-Core's choices)")
+        if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
+            raise PlanError(f"tp_overlap_kind={self.tp_overlap_kind!r} is not one of "
+                            f"{list(TP_OVERLAP_KINDS)}")
         if self.cp_attention not in CP_ATTENTIONS:
             raise PlanError(f"cp_attention={self.cp_attention!r} is not one of "
                             f"{list(CP_ATTENTIONS)}")

@@ -53,7 +53,10 @@ OPTION_KEYS = ("attention", "tp_comm_overlap", "grad_reduce_bytes", "blocking_p2
 #: (``zero3_pp_unsharded``: False, ZeRO-3 gathers every micro-batch under pipelining too).
 #: (``attention_kernel``: None, the device's default attention rate; a family that names it
 #: runs that kernel's published rate, ``presets/attention_kernels.yaml``).
-OPTIONAL_OPTION_KEYS = ("cp_attention", "zero3_pp_unsharded", "attention_kernel")
+#: (``tp_overlap_kind``: 'block', how ``tp_comm_overlap`` hides the TP collectives).
+#: (``eager_pointwise``: False, the pointwise ops run as fused kernels).
+OPTIONAL_OPTION_KEYS = ("cp_attention", "zero3_pp_unsharded", "attention_kernel",
+                        "tp_overlap_kind", "eager_pointwise")
 
 
 def _matches(match: dict[str, list[str]], row: dict) -> bool:
