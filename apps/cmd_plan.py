@@ -30,6 +30,7 @@ from apps.format import (
 from apps.plan_options import (
     add_plan_options,
     check_device_flags,
+    check_fixed_for_model,
     global_batch_of,
     json_extras,
     report,
@@ -44,6 +45,7 @@ from apps.train_options import (
     train_tokens,
 )
 from planner.presets import load_model, model_names
+from planner.spec import PlanError
 
 PLAN_JSON_KEYS = ["id", "tp", "pp", "dp", "micro_batch", "global_batch", "step_time_s",
                   "tokens_per_s", "mfu", "peak_memory_bytes"]
@@ -68,6 +70,22 @@ def default_global_batch(cluster, seq_len: int) -> int:
     if cluster.nics_per_node == 0:
         return 8
     return gpu_global_batch(seq_len)
+
+
+def check_default_batch_fits(seq_len: int, cluster, label: str = "--seq-len") -> None:
+    """Raise `PlanError` when no batch flag is given and ``seq_len`` is longer than the
+    default batch of `DEFAULT_BATCH_TOKENS` tokens on a GPU cluster: the default would round
+    to a single sequence, a batch nobody asked for, so the user names the batch instead.
+
+    >>> check_default_batch_fits(8192, type("C", (), {"nics_per_node": 8})())
+    >>> check_default_batch_fits(10**8, type("C", (), {"nics_per_node": 8})())
+    Traceback (most recent call last):
+    planner.spec.PlanError: --seq-len 100000000 is longer than the default global batch of 4194304 tokens (it would be one sequence); give the batch: --global-batch B (sequences) or --global-batch-tokens T
+    """
+    if cluster.nics_per_node and seq_len > DEFAULT_BATCH_TOKENS:
+        raise PlanError(f"{label} {seq_len} is longer than the default global batch of "
+                        f"{DEFAULT_BATCH_TOKENS} tokens (it would be one sequence); give the "
+                        f"batch: --global-batch B (sequences) or --global-batch-tokens T")
 
 
 def gpu_global_batch(seq_len: int) -> int:
@@ -175,13 +193,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_device_flags(args)
     check_output_path("--out", args.out)
     check_output_path("--csv", getattr(args, "csv", None), folder=True)
+    kwargs = search_kwargs(args)
     model = load_model(args.model)
     if args.seq_len is not None:
         model = model.replace(seq_len=args.seq_len)
+    check_fixed_for_model(kwargs["space"], model)
     cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
                                  getattr(args, "cpu_profile", None))
     check_device_flags(args, cluster.num_devices)
-    gb = global_batch_of(args, model.seq_len) or default_global_batch(cluster, model.seq_len)
+    gb = global_batch_of(args, model.seq_len)
+    if gb is None:
+        check_default_batch_fits(model.seq_len, cluster, "--seq-len" if args.seq_len
+                                 else f"model {model.name!r} has seq_len")
+        gb = default_global_batch(cluster, model.seq_len)
     tokens = train_tokens(args, gb, model.seq_len)
     # What is searched goes to stderr before the search, the results (and --out) after it:
     # `| head` then costs no plan file.
@@ -200,7 +224,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 highlight=False, markup=False)
     with notes.status("searching every legal plan ...") as status:
         result = search(model, cluster, global_batch=gb, top_k=args.top_k,
-                        progress=SearchProgress(notes, status), **search_kwargs(args),
+                        progress=SearchProgress(notes, status), **kwargs,
                         **framework_kwargs)
     if getattr(args, "objective", "throughput") == "goodput":
         result = goodput_ranked(console, result, model, cluster, args, tokens)

@@ -183,6 +183,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
     _print_profile(console, cluster)
     intra = info["intra"] + (f", {info['intra_bandwidth_Bps'] / 1e9:g} GB/s per GPU"
                              if info["intra_bandwidth_Bps"] and info["nics_per_node"] else "")
+    def _default(key: str) -> str:  # a fabric key the cluster file left to its default
+        return " (default)" if f"fabric.{key}" in info.get("defaulted", ()) else ""
+
     lines = [("intra-node", intra + (", in-switch reduction"
                                      if info["in_switch_reduction"] else ""))]
     if info["nvlink_domain_size"] > 1:
@@ -194,9 +197,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if info["nics_per_node"]:
         lines += [("NICs", f"{info['nics_per_node']} per node x "
                    f"{info['nic_bandwidth_Bps'] * 8 / 1e9:g} Gb/s {info['transport']}"),
-                  ("fabric", f"{info['topology']}, {info['tiers']} tier(s), radix "
-                   f"{info['switch_radix']}, {info['nodes_per_leaf']} nodes per leaf, "
-                   f"oversubscription {info['oversubscription']:g}:1")]
+                  ("fabric", f"{info['topology']}{_default('topology')}, {info['tiers']} "
+                   f"tier(s), radix {info['switch_radix']}, {info['nodes_per_leaf']} nodes "
+                   f"per leaf, oversubscription {info['oversubscription']:g}:1"
+                   f"{_default('oversubscription')}")]
     lines += [("switches", ", ".join(f"{v} {k}" for k, v in info["switches"].items())),
               ("links", f"{info['links']}"),
               ("bisection", f"{info['bisection_bandwidth_Bps'] / 1e9:,.1f} GB/s per "

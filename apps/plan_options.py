@@ -105,7 +105,33 @@ def parse_fixed(items: list[str]) -> SearchSpace:
             _check_placements(values)
         fixed[name] = tuple(_value(name, v.strip()) for v in values.split(","))
     from planner.space import SearchSpace
-    return SearchSpace.from_fixed(fixed)
+    try:
+        return SearchSpace.from_fixed(fixed)
+    except PlanError as exc:  # the space's message names the field; say which flag set it
+        shown = " ".join(f"--fix {item}" for item in items)
+        raise PlanError(f"{shown}: {exc}") from None
+
+
+def check_fixed_for_model(space: SearchSpace, model) -> None:
+    """Before the search: raise `PlanError` when every tensor-parallel degree ``--fix tp``
+    allows is illegal for ``model`` by a rule of the model alone (tp must divide the heads,
+    KV heads and FFN width; `planner.space.tp_reason`), so the answer is one line naming the
+    flag and the legal values instead of a report of a search with nothing to search.
+
+    >>> from planner.presets import load_model
+    >>> check_fixed_for_model(parse_fixed(["tp=3"]), load_model("llama3-8b"))
+    Traceback (most recent call last):
+    planner.spec.PlanError: --fix tp=3: tp=3 does not divide num_heads=32; use tp in [1, 2, 4, 8]
+    """
+    from planner.space import tp_reason
+    if space.tp is None:
+        return
+    reasons = [tp_reason(model, tp) for tp in space.tp]
+    if all(reasons):
+        # each reason is "tp=V does not divide FIELD=N; use tp in [...]": the legal list once
+        causes = ", ".join(dict.fromkeys(r.split("; ")[0] for r in reasons))
+        legal = reasons[0].split("; ")[-1]
+        raise PlanError(f"--fix tp={','.join(map(str, space.tp))}: {causes}; {legal}")
 
 
 #: Most tokens in one global batch a flag may ask for: 1e12, 60,000 times the 16M tokens of
@@ -158,12 +184,20 @@ def check_device_flags(args: argparse.Namespace, cluster_devices: int | None = N
 
 
 def search_kwargs(args: argparse.Namespace) -> dict:
-    """The `planner.search.search` keywords the options set (absent ones keep the defaults)."""
+    """The `planner.search.search` keywords the options set (absent ones keep the defaults),
+    checked before any work.
+
+    Raises:
+        PlanError: a bad ``--fix`` (`parse_fixed`) or ``--memory-headroom`` outside (0, 1].
+    """
+    headroom = getattr(args, "memory_headroom", None)
+    if headroom is not None and not 0 < headroom <= 1:
+        raise PlanError(f"--memory-headroom={headroom:g} must be in (0, 1]: the fraction of "
+                        f"device memory a plan may use (default {MEMORY_HEADROOM})")
     return {"space": parse_fixed(getattr(args, "fix", None) or []),
             "num_devices": getattr(args, "devices", None),
             "max_devices": getattr(args, "max_devices", None),
-            "memory_headroom": MEMORY_HEADROOM if getattr(args, "memory_headroom", None) is None
-            else args.memory_headroom,
+            "memory_headroom": MEMORY_HEADROOM if headroom is None else headroom,
             "dtype": getattr(args, "dtype", None),
             "prune": getattr(args, "prune", None)}
 

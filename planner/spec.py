@@ -376,6 +376,13 @@ def _mean_block_params(model: ModelSpec, active: bool, matmul_only: bool) -> int
     return total // model.num_layers
 
 
+#: Fields that mean something only for a model with experts, with their defaults: a dense
+#: model (num_experts=0) that sets one would have it silently ignored.
+_MOE_ONLY_DEFAULTS = {"experts_per_token": 0, "num_shared_experts": 0, "moe_ffn_hidden": 0,
+                      "moe_first_dense_layers": 0, "moe_layer_freq": 1, "router": "softmax",
+                      "router_groups": 1, "router_group_topk": 1, "capacity_factor": None}
+
+
 def _check_moe_fields(m: ModelSpec) -> None:
     """Validate the MoE / MLA fields of a `ModelSpec` (raises `PlanError` naming the field)."""
     for name in ("attention_head_dim", "num_experts", "experts_per_token", "moe_ffn_hidden",
@@ -397,9 +404,21 @@ def _check_moe_fields(m: ModelSpec) -> None:
         if m.moe_first_dense_layers >= m.num_layers:
             raise PlanError(f"moe_first_dense_layers={m.moe_first_dense_layers} leaves no MoE "
                             f"block of num_layers={m.num_layers}; use fewer, or num_experts=0")
-    elif m.experts_per_token or m.num_shared_experts:
-        raise PlanError(f"experts_per_token={m.experts_per_token} / num_shared_experts="
-                        f"{m.num_shared_experts} need num_experts > 0 (num_experts=0 given)")
+        spaced = m.num_layers - m.moe_first_dense_layers
+        if m.moe_layer_freq > spaced:
+            # block first_dense is MoE, the next would be first_dense + freq: past the last
+            raise PlanError(f"moe_layer_freq={m.moe_layer_freq} is more than the {spaced} "
+                            f"blocks after moe_first_dense_layers={m.moe_first_dense_layers} "
+                            f"(num_layers={m.num_layers}): only one block would be MoE; use "
+                            f"1..{spaced} (1: every block)")
+    else:
+        moe_only = {name: getattr(m, name) for name, default in _MOE_ONLY_DEFAULTS.items()
+                    if getattr(m, name) != default}
+        if moe_only:
+            given = ", ".join(f"{k}={v!r}" for k, v in moe_only.items())
+            raise PlanError(f"{given} describe(s) mixture-of-experts blocks, but num_experts is "
+                            f"0 (the default: a dense model); give num_experts (e.g. "
+                            f"num_experts: 8), or leave these fields out")
     if m.capacity_factor is not None:
         cf = m.capacity_factor
         if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf <= 0:

@@ -167,6 +167,9 @@ class Cluster:
     _links: dict = field(default_factory=dict, compare=False, repr=False)
     #: compute trays per node (18 in an NVL72 rack, 1 in an 8-GPU server).
     compute_trays: int = 1
+    #: fabric keys the cluster file left out, taken at their defaults (``fabric.topology``:
+    #: fat-tree, ``fabric.oversubscription``: 1), so that reports can say so.
+    defaulted: tuple[str, ...] = field(default=(), compare=False)
     #: cap on the bandwidth of every path that leaves a node (a NIC below its line rate;
     #: `simulator.failures.slow_links`); inf: none.
     nic_cap_Bps: float = math.inf
@@ -428,7 +431,9 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                    spines=fab.spines if fab.tiers > 1 else 0,
                    comm=default_comm_model(device),
                    compute_trays=int(spec.get("compute_trays", base.get("compute_trays", 1))),
-                   source="; ".join(s for s in sources if s))
+                   source="; ".join(s for s in sources if s),
+                   defaulted=tuple(f"fabric.{k}" for k in ("topology", "oversubscription")
+                                   if k not in fabric_spec))
 
 
 def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,

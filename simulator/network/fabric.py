@@ -74,7 +74,8 @@ def mapping_field(spec: dict, key: str, cluster: str) -> dict:
 def require_field(section: dict, key: str, where: str, cluster: str) -> object:
     """``section[key]``, or a `PlanError` naming the missing field ``where + key``."""
     if key not in section:
-        raise PlanError(f"cluster {cluster!r} is missing field {where}{key}")
+        raise PlanError(f"cluster {cluster!r} is missing field {where}{key}; add it (every "
+                        f"field of a cluster file is in docs/clusters.md, Format)")
     return section[key]
 
 

@@ -64,7 +64,7 @@ def summary(cluster: Cluster) -> dict:
         "switches": {k: v for k, v in sorted(kinds.items()) if k not in device_kinds},
         "links": cluster.graph.number_of_edges(),
         "bisection_bandwidth_Bps": bisection_bandwidth_Bps(cluster),
-        "source": cluster.source,
+        "source": cluster.source, "defaulted": list(cluster.defaulted),
     }
 
 

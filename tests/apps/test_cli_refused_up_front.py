@@ -1,0 +1,95 @@
+"""Input whose answer is known before the search is refused before anything is printed: exit 2
+and one ``error:`` line naming the flag or field, the value and a fix, with no search header
+ahead of it (a user reading the header would take the search as started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.cli import main
+from planner.presets import load_model
+from planner.spec import PlanError
+
+PLAN = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1"]
+
+
+def _err(capsys) -> str:
+    return " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("flags, message", [
+    # the default batch is 4,194,304 tokens (Llama 3's first batch, `DEFAULT_BATCH_TOKENS`):
+    # a sequence of 1e8 tokens would round it to one sequence nobody asked for
+    (["--seq-len", "100000000"],
+     "--seq-len 100000000 is longer than the default global batch of 4194304 tokens"),
+    (["--fix", "tpp=2"], "--fix tpp=2: unknown search field(s) ['tpp'] (did you mean 'tp'?)"),
+    (["--fix", "schedule=foo"], "--fix schedule=foo: schedule='foo' is not one of"),
+    (["--fix", "placement=tp.tp.dp"], "--fix placement=tp.tp.dp: a placement is tp, dp, pp"),
+    (["--fix", "tp=2", "--fix", "tp=4"], "--fix tp given twice (tp=2 and tp=4)"),
+    (["--memory-headroom", "1.5"], "--memory-headroom=1.5 must be in (0, 1]"),
+    # llama3-8b: 32 heads, 8 KV heads, FFN 14336 (Meta's config.json); gcd 8, divisors 1, 2, 4, 8
+    (["--fix", "tp=3"], "--fix tp=3: tp=3 does not divide num_heads=32; use tp in [1, 2, 4, 8]"),
+    (["--fix", "tp=3,5"], "--fix tp=3,5: tp=3 does not divide num_heads=32, tp=5 does not "
+                          "divide num_heads=32; use tp in [1, 2, 4, 8]"),
+])
+def test_plan_refuses_before_the_header(capsys, flags, message):
+    assert main(PLAN + flags) == 2
+    err = _err(capsys)
+    assert err.startswith("error: ") and "global batch" not in err.split(message)[0]
+    assert message in err
+
+
+def test_a_legal_tp_among_the_fixed_values_is_searched(capsys):
+    # tp=4 divides 32, 8 and 14336: the illegal 3 beside it is one rejected branch, no error
+    assert main(PLAN + ["--fix", "tp=3,4", "--top-k", "1", "--json"]) == 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    # 32 blocks after no dense ones: a frequency of 40 would make block 0 the only MoE block
+    ({"moe_layer_freq": 40},
+     "moe_layer_freq=40 is more than the 32 blocks after moe_first_dense_layers=0"),
+])
+def test_moe_layer_frequency_beyond_the_blocks_is_refused(fields, message):
+    moe = load_model("tiny-moe")
+    layers = moe.num_layers
+    with pytest.raises(PlanError, match="moe_layer_freq"):
+        moe.replace(moe_layer_freq=layers + 1)
+    # the message as worked for a 32-block model
+    with pytest.raises(PlanError) as exc:
+        moe.replace(num_layers=32, moe_first_dense_layers=0, **fields)
+    assert message in str(exc.value)
+    assert moe.replace(moe_layer_freq=layers).moe_layer_freq == layers  # one block: legal
+
+
+@pytest.mark.parametrize("field, value", [
+    ("experts_per_token", 2), ("moe_ffn_hidden", 1024), ("moe_layer_freq", 2),
+    ("router", "sigmoid"), ("capacity_factor", 1.25),
+])
+def test_expert_fields_on_a_dense_model_are_refused(field, value):
+    with pytest.raises(PlanError) as exc:
+        load_model("llama3-8b").replace(**{field: value})
+    text = str(exc.value)
+    assert f"{field}={value!r}" in text and "num_experts is 0 (the default: a dense model)" in text
+
+
+def test_topo_marks_the_fabric_defaults_a_file_left_out(tmp_path, capsys):
+    path = tmp_path / "mini.yaml"
+    path.write_text("kind: gpu\nnode_type: dgx-h100\nnodes: 4\nfabric: {switch_radix: 64}\n")
+    assert main(["topo", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # the cluster is named after the file; docs/clusters.md: fat-tree and 1:1 are the defaults
+    assert out.startswith("mini: 32 x h100-sxm-80gb")
+    assert "fat-tree (default)" in out and "oversubscription 1:1 (default)" in out
+    path.write_text("kind: gpu\nnode_type: dgx-h100\nnodes: 4\n"
+                    "fabric: {switch_radix: 64, topology: fat-tree, oversubscription: 2.0}\n")
+    assert main(["topo", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fat-tree," in out and "(default)" not in out
+
+
+def test_a_missing_switch_radix_says_where_the_fields_are(tmp_path, capsys):
+    path = tmp_path / "mini.yaml"
+    path.write_text("kind: gpu\nnode_type: dgx-h100\nnodes: 4\n")
+    assert main(["topo", str(path)]) == 2
+    assert ("cluster 'mini' is missing field fabric.switch_radix; add it (every field of a "
+            "cluster file is in docs/clusters.md, Format)") in _err(capsys)
