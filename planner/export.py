@@ -81,8 +81,8 @@ def to_megatron(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> Ex
             "optim_grads" if plan.zero_stage == 2 else "optim_grads_params")
     if plan.recompute == "full":
         add("--recompute-granularity", "full")
-        add("--recompute-method", "uniform")
-        add("--recompute-num-layers", 1)
+        add("--recompute-method", "block" if plan.recompute_num_layers else "uniform")
+        add("--recompute-num-layers", plan.recompute_num_layers or 1)
     elif plan.recompute == "selective":
         add("--recompute-granularity", "selective")
     _megatron_precision(plan, add)
@@ -224,6 +224,10 @@ def to_torchtitan(model: ModelSpec, plan: Plan, *, steps: int | None = None) -> 
     _titan_precision(plan, sections, out.unsupported)
     ac = sections["activation_checkpoint"]
     ac["mode"] = plan.recompute
+    if plan.recompute_num_layers:
+        out.unsupported.append(f"recompute_num_layers={plan.recompute_num_layers}: torchtitan "
+                               "checkpoints every block or every k-th one "
+                               "(selective_ac_option = \"k\"), not the first N of each stage")
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
     lines = []

@@ -76,11 +76,13 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> f
 
 def recompute_flops_per_token(model: ModelSpec, plan: Plan) -> float:
     """Extra FLOPs per token that recomputation adds (for HFU): full = the blocks' forward
-    (2·P_blocks + 4·L·s·h); selective = the attention core (4·L·s·h) (Korthikanti et al. 2022,
+    (2·P_blocks + 4·L·s·h; with ``recompute_num_layers`` the share of blocks it repeats,
+    `planner.spec.Plan.full_recompute_share`); selective = the attention core (4·L·s·h) (Korthikanti et al. 2022,
     §5)."""
     attn_core = 4.0 * model.num_layers * model.seq_len * model.hidden
     if plan.recompute == "full":
-        return 2.0 * model.num_layers * model.layer_matmul_params() + attn_core
+        # the block method repeats the first N blocks of each chunk only
+        return plan.model_full_recompute_share(model) * (2.0 * model.num_layers * model.layer_matmul_params() + attn_core)
     return attn_core if plan.recompute == "selective" else 0.0
 
 

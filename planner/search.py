@@ -122,8 +122,8 @@ def out_of_memory_reason(model: ModelSpec, plan: Plan, cluster: Cluster,
 def _memory_key(plan: Plan) -> tuple:
     # Memory does not depend on placement: the cache key is every other field.
     return (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch, plan.global_batch, plan.schedule,
-            plan.virtual_stages, plan.recompute, plan.zero_stage, plan.sequence_parallel,
-            plan.dtype, plan.ep, plan.etp)
+            plan.virtual_stages, plan.recompute, plan.recompute_num_layers, plan.zero_stage,
+            plan.sequence_parallel, plan.dtype, plan.ep, plan.etp)
 
 
 def resolve_global_batch(model: ModelSpec, global_batch: int | None,

@@ -520,6 +520,12 @@ class Plan:
         virtual_stages: model chunks per pipeline rank (> 1 only with a multi-chunk schedule,
             `MULTI_CHUNK_SCHEDULES`; exactly 2 with "zb-v" and "dualpipe-v").
         recompute: activation recomputation policy ("none", "selective", "full").
+        recompute_num_layers: under ``recompute="full"``, the blocks of each model chunk that
+            recompute: 0 every block (Megatron-LM ``--recompute-method uniform
+            --recompute-num-layers 1``); N > 0 only the first N of each chunk, the others
+            keeping all their activations (``--recompute-method block
+            --recompute-num-layers N``, Korthikanti et al. 2022 §5; Megatron-LM
+            ``TransformerBlock._checkpointed_forward``); `full_recompute_share`.
         zero_stage: ZeRO stage of the data-parallel optimizer (0 = plain DDP; 3 = FSDP).
         sequence_parallel: shard norms/dropout activations over tp (Korthikanti et al. 2022).
         dtype: compute dtype of the step, or a low-precision recipe for the linear GEMMs
@@ -547,6 +553,7 @@ class Plan:
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
     recompute: Recompute = "none"
+    recompute_num_layers: int = 0
     zero_stage: ZeroStage = 0
     sequence_parallel: bool = False
     dtype: Dtype = "bf16"
@@ -560,6 +567,14 @@ class Plan:
         _check_expert_folding(self)
         _require_choice(self, "schedule", Schedule)
         _require_choice(self, "recompute", Recompute)
+        n = self.recompute_num_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise PlanError(f"recompute_num_layers={n!r} must be a non-negative integer (0: "
+                            f"every block)")
+        if n and self.recompute != "full":
+            raise PlanError(f"recompute_num_layers={n} needs recompute='full' (it counts the "
+                            f"blocks of each chunk that recompute in full), not "
+                            f"{self.recompute!r}; set recompute: full, or leave it out")
         _require_choice(self, "zero_stage", ZeroStage)
         _require_choice(self, "dtype", Dtype)
         if tuple(sorted(self.placement)) != tuple(sorted(MESH_AXES)):
@@ -647,7 +662,9 @@ class Plan:
             parts.append(f"v{self.virtual_stages}")
         if self.schedule not in ("1f1b", "interleaved-1f1b"):
             parts.append(self.schedule)
-        if self.recompute != "none":
+        if self.recompute_num_layers:
+            parts.append(f"ac-block{self.recompute_num_layers}")
+        elif self.recompute != "none":
             parts.append(f"ac-{self.recompute}")
         if self.zero_stage:
             parts.append(f"zero{self.zero_stage}")
@@ -658,6 +675,35 @@ class Plan:
         if self.dtype in ("fp8", "fp8-current", "mxfp8", "nvfp4"):
             parts.append(self.dtype)
         return "-".join(parts)
+
+    def full_recompute_share(self, chunk_layers: int) -> float:
+        """Fraction of a chunk of ``chunk_layers`` blocks that full recomputation repeats in
+        the backward (and keeps only the inputs of): 1 under ``recompute="full"`` with
+        ``recompute_num_layers`` 0 or at least the chunk's blocks, min(N, L) / L with the
+        block method, 0 without full recomputation.
+
+        >>> p = Plan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, recompute="full",
+        ...          recompute_num_layers=5)
+        >>> p.full_recompute_share(32), p.full_recompute_share(4), p.replace(
+        ...     recompute_num_layers=0).full_recompute_share(32)
+        (0.15625, 1.0, 1.0)
+        """
+        if self.recompute != "full" or chunk_layers < 1:
+            return 0.0
+        n = self.recompute_num_layers
+        return 1.0 if not n or n >= chunk_layers else n / chunk_layers
+
+    def model_full_recompute_share(self, model: ModelSpec) -> float:
+        """`full_recompute_share` over all of ``model``'s blocks: the fraction of them that
+        full recomputation repeats (each chunk's own share, weighted by its blocks).
+
+        Raises:
+            PlanError: the layers do not split over the chunks (`layers_per_stage`).
+        """
+        if self.recompute != "full" or not self.recompute_num_layers:
+            return float(self.recompute == "full")
+        chunks = self.layers_per_stage(model)
+        return sum(self.full_recompute_share(c) * c for c in chunks) / sum(chunks)
 
     def replace(self, **changes: object) -> Plan:
         """A copy with some fields changed (validated again)."""

@@ -76,7 +76,7 @@ def parallelize(module: Transformer, plan: Plan, mesh: DeviceMesh,
                  loss_parallel=vocab_parallel_loss(plan))
     if plan.cp > 1:
         apply_cp(module, mesh["cp"])
-    apply_recompute(module, plan.recompute)
+    apply_recompute(module, plan.recompute, plan.recompute_num_layers)
     if expert_mesh is not None:
         apply_ep(module, expert_mesh["ep"])
     if plan.dp_cp > 1 or plan.zero_stage > 0:

@@ -27,11 +27,13 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_recompute(model: Transformer, policy: str) -> Transformer:
-    """Activation recomputation of every block on ``model`` (in place).
+def apply_recompute(model: Transformer, policy: str, num_layers: int = 0) -> Transformer:
+    """Activation recomputation of the blocks of ``model`` (one model chunk, in place).
 
     "full": keep only each block's input, recompute the block in backward
-    (``checkpoint_wrapper``, non-reentrant); "selective": keep GEMM and attention outputs,
+    (``checkpoint_wrapper``, non-reentrant); with ``num_layers`` N > 0 only the chunk's first
+    N blocks (`planner.spec.Plan.recompute_num_layers`, Megatron-LM's block method), the
+    others keep their activations; "selective": keep GEMM and attention outputs,
     recompute the rest (``create_selective_checkpoint_contexts``); "none": unchanged.
     Apply after `apply_tp` (the TP plan addresses ``attn.wq`` etc. by path) and before `apply_dp`.
     """
@@ -40,7 +42,10 @@ def apply_recompute(model: Transformer, policy: str) -> Transformer:
     context_fn = None
     if policy == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)
-    for key, block in list(model.layers.items()):
+    blocks = list(model.layers.items())
+    if policy == "full" and num_layers:
+        blocks = blocks[:num_layers]
+    for key, block in blocks:
         kwargs = {"context_fn": context_fn} if context_fn is not None else {}
         model.layers[key] = checkpoint_wrapper(
             block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)

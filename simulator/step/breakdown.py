@@ -77,6 +77,8 @@ def compute_by_class_s(model: ModelSpec, plan: Plan, cluster,
                                         and op.name in ATTENTION_CORE):
             per_layer["recompute"] += t
     chunks = plan.layers_per_stage(model)
+    if plan.recompute == "full":   # the block method repeats the first N of each chunk
+        per_layer["recompute"] *= plan.model_full_recompute_share(model)
     last = len(chunks) - 1
     stages = []
     for rank in range(plan.pp):

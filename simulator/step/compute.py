@@ -549,6 +549,21 @@ class LayerCompute:
     kernels_fwd: int
     tp_gemms_s: tuple[tuple[float, float], ...] = ()
 
+    def recompute_s(self, recompute: str, full_share: float = 1.0) -> float:
+        """Device seconds per block the backward repeats of the forward: ``full_share`` of
+        the whole forward under full recomputation (`planner.spec.Plan.full_recompute_share`:
+        1 for every block, N/L for the block method's first N of L), the attention core under
+        selective (Korthikanti et al. 2022 §4.2), none otherwise.
+
+        >>> lc = LayerCompute(fwd_s=4.0, bwd_s=8.0, attn_core_fwd_s=1.0, host_fwd_s=0.0,
+        ...                   host_bwd_s=0.0, kernels_fwd=1)
+        >>> lc.recompute_s("full"), lc.recompute_s("full", 0.25), lc.recompute_s("selective")
+        (4.0, 1.0, 1.0)
+        """
+        if recompute == "full":
+            return full_share * self.fwd_s
+        return self.attn_core_fwd_s if recompute == "selective" else 0.0
+
 
 @lru_cache(maxsize=4096)
 def layer_compute(model: ModelSpec, micro_batch: int, tp: int, sequence_parallel: bool,

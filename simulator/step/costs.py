@@ -446,19 +446,20 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     # ``rank``; ``moe_comm`` is the exposed expert all-to-all per block
     # (`simulator.step.moe.chunk_moe_terms`). Hidden: the TP and ZeRO-3 traffic that runs
     # beside the compute, less what of it is exposed.
-    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
+    full = plan.full_recompute_share(layers)       # blocks whose forward runs again
+    recompute = lc.recompute_s(plan.recompute, full)
     tp_comm = _tp_layer_comm(model, plan, cluster, rank)
     z_fwd, z_bwd = (0.0, 0.0) if zero3_once_per_step(plan, options) else \
         _zero3_layer_comm(model, plan, cluster, rank, options)
     fwd_dev, bwd_dev = lc.fwd_s, lc.bwd_s + recompute
     fwd_comm = tp_comm
-    bwd_comm = tp_comm * (2 if plan.recompute == "full" else 1)
+    bwd_comm = tp_comm * (1 + full)
     hide_f = hide_b = 0.0  # per block
     if options.tp_comm_overlap and options.tp_overlap_kind == "async-tp" \
             and plan.sequence_parallel and lc.tp_gemms_s:
         ag, rs = _tp_collectives(model, plan, cluster, rank)
         ex_f, ex_b = async_tp_exposed_s(ag, rs, lc.tp_gemms_s, plan.tp)
-        ex_b += ex_f if plan.recompute == "full" else 0.0
+        ex_b += ex_f * full
         hide_f, hide_b = max(0.0, fwd_comm - ex_f), max(0.0, bwd_comm - ex_b)
         fwd_comm, bwd_comm = ex_f, ex_b
     elif options.tp_comm_overlap:
@@ -468,7 +469,7 @@ def _chunk_times(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOpt
     # recomputation repeats the forward's).
     cp_f, cp_b = cp_exposed_s(model, plan, cluster, rank, lc, options)
     fwd_comm += cp_f
-    bwd_comm += cp_b + (cp_f if plan.recompute == "full" else 0.0)
+    bwd_comm += cp_b + cp_f * full
     fwd_comm, bwd_comm = fwd_comm + moe_comm[0], bwd_comm + moe_comm[1]
     # ZeRO-3 traffic is prefetched on its own stream (`zero3_exposed_s`): one block's gather
     # ahead, the first gather and last reduce-scatter under nothing, the compute it overlaps
@@ -501,7 +502,10 @@ def _chunk_compute(plan: Plan, layers: int, lc: LayerCompute, edge: tuple[float,
     # (fwd, bwd, fwd device, bwd device) seconds of one micro-batch of a chunk: a pass takes
     # max(device time, host launch time).
     e_fwd, e_bwd, e_host = edge
-    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
+    full = plan.full_recompute_share(layers)
+    recompute = lc.recompute_s(plan.recompute, full)
+    if plan.recompute == "full":
+        host_re *= full                            # only the recomputed blocks relaunch
     dev_f, dev_b = layers * lc.fwd_s + e_fwd, layers * (lc.bwd_s + recompute) + e_bwd
     fwd = max(dev_f, layers * lc.host_fwd_s + e_host)
     bwd = max(dev_b, layers * (lc.host_bwd_s + host_re) + 2 * e_host)

@@ -336,6 +336,9 @@ def cpu_stage_costs(model: ModelSpec, plan: Plan, cluster) -> list | None:
     fwd_layer = terms["layer_fwd_selective" if selective else "layer_fwd"]
     bwd_layer = terms[{"full": "layer_bwd_full", "selective": "layer_bwd_selective",
                        "none": "layer_bwd"}[plan.recompute]]
+    if plan.recompute_num_layers:  # block method: the first N blocks of each chunk recompute
+        share = plan.model_full_recompute_share(model)
+        bwd_layer = share * bwd_layer + (1 - share) * terms["layer_bwd"]
     head_fwd = max(0.0, terms["edge_fwd"] - terms["emb_fwd"])
     head_bwd = max(0.0, terms["edge_bwd"] - terms["emb_bwd"])
     act_bytes = plan.micro_batch * model.seq_len * model.hidden * 4       # fp32 (B, T, h)

@@ -135,7 +135,9 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, attention: str = "unfus
     attention 7h + 4k, MLP 3h + 4f (GeLU) or 3h + 6f (SwiGLU), two norms 4h, all times s·b,
     plus 5·a·s²·b for the scores. Of these, 10·s·b·h (norms, block inputs, dropout masks) is
     replicated over TP unless sequence parallelism shards it. Full recomputation keeps only the
-    layer input (2·s·b·h); selective drops the 5·a·s²·b term. 16-bit bytes; scaled by
+    layer input (2·s·b·h); selective drops the 5·a·s²·b term. (This is a recomputed block's;
+    under the block method the blocks that do not recompute keep what ``recompute="none"``
+    keeps: `memory_per_stage`.) 16-bit bytes; scaled by
     dtype_bytes / 2. Context parallelism keeps s/cp tokens per rank (scores: s/cp queries by
     s keys). Fused attention (``attention`` "flash" or "flash-triton") stores no score
     matrix, only the fp32 log-sum-exp of each query row (4·a·s·b bytes; Dao et al. 2022, §3.1:
@@ -373,6 +375,12 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     d = DTYPE_BYTES[plan.dtype]
     per_layer = layer_activation_bytes(model, plan, attention) \
         - lowp_activation_saving(model, plan)
+    # The block method (``recompute_num_layers``) recomputes the first N blocks of a chunk;
+    # the others keep every activation, as without recomputation.
+    kept_plan = plan.replace(recompute="none", recompute_num_layers=0) \
+        if plan.recompute_num_layers else None
+    per_kept = 0.0 if kept_plan is None else layer_activation_bytes(model, kept_plan, attention) \
+        - lowp_activation_saving(model, kept_plan)
     chunks = plan.layers_per_stage(model)
     held_chunks: list[list[int]] = [[] for _ in range(plan.pp)]
     for c in range(len(chunks)):
@@ -390,8 +398,10 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     for stage in range(plan.pp) if stages is None else stages:
         params, experts = splits[stage]
         layers = sum(chunks[c] for c in held_chunks[stage])
-        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage,
-                                                           held_chunks[stage])
+        redo = layers if kept_plan is None else sum(
+            plan.full_recompute_share(chunks[c]) * chunks[c] for c in held_chunks[stage])
+        acts = per_layer * redo + per_kept * (layers - redo) \
+            + _edge_activation_bytes(model, plan, stage, held_chunks[stage])
         if moe:
             from simulator.step.moe import (
                 activation_delta_bytes,
@@ -403,6 +413,10 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
                 - (layers - n_moe) * selective_saving_bytes(model, plan, recompute_modules,
                                                             False) \
                 - n_moe * selective_saving_bytes(model, plan, recompute_modules, True)
+            if kept_plan is not None and layers:
+                # the expert blocks among the kept ones (in the stage's proportion)
+                acts += n_moe * (layers - redo) / layers \
+                    * activation_delta_bytes(model, kept_plan)
 
         def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
             # bytes of both parameter groups, each sharded over its own group under ZeRO

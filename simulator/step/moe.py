@@ -505,9 +505,11 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
     if n_moe == 0 or (plan.ep == 1 and plan.etp == 1):
         return mean, 0.0, 0.0
     a2a = dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
-    again = plan.recompute == "full" or (plan.recompute == "selective"
-                                         and "moe" in (recompute_modules or ()))
-    fwd, bwd = 2 * a2a, 2 * a2a + (2 * a2a if again else 0.0)
+    # the share of blocks whose forward (with its dispatch and combine) runs again
+    again = plan.full_recompute_share(plan.layers_per_stage(model)[chunk]) \
+        if plan.recompute == "full" else float(plan.recompute == "selective"
+                                                and "moe" in (recompute_modules or ()))
+    fwd, bwd = 2 * a2a, 2 * a2a + 2 * a2a * again
     if overlap:
         block = block_compute(model, plan, attention, device, eff, True, imbalance,
                               cp_attention, recompute_modules)

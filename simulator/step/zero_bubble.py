@@ -75,7 +75,6 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
     """
     lc = layer_compute(model, plan.micro_batch, plan.tp, plan.sequence_parallel, attention,
                        plan.dtype, device, eff, plan.cp, cp_attention)
-    recompute = {"full": lc.fwd_s, "none": 0.0, "selective": lc.attn_core_fwd_s}[plan.recompute]
     w_layer = wgrad_layer_s(model, plan, attention, device, eff)
     chunks = plan.layers_per_stage(model)
     out = []
@@ -86,6 +85,7 @@ def split_backward(costs: list[StageCosts], model: ModelSpec, plan: Plan, attent
         t = plan.micro_batch * model.seq_len // plan.cp
         e_w = gemm_time_s(t, model.vocab_size // plan.tp, model.hidden,
                           device.peak(storage_dtype(plan.dtype)), eff) if last else 0.0
+        recompute = lc.recompute_s(plan.recompute, plan.full_recompute_share(layers))
         share = (layers * w_layer + e_w) / (layers * (lc.bwd_s + recompute) + e_bwd)
         out.append(dataclasses.replace(c, wgrad_s=c.bwd_compute_s * min(1.0, share)))
     return out

@@ -263,6 +263,21 @@ _CELL_FORMS = {
 }
 
 
+def block_recompute_layers(cell: str | None) -> int:
+    """The N of a full-recomputation cell that names Megatron-LM's block method ("full, block,
+    5 layers": ``--recompute-method block --recompute-num-layers 5``, the first N blocks of
+    each pipeline chunk), as `planner.spec.Plan.recompute_num_layers`; 0 for every block
+    (uniform, or no method named).
+
+    >>> block_recompute_layers("full, block, 5 layers (preset recompute_num_layers)")
+    5
+    >>> block_recompute_layers("full AC (interleaved1f1b, 2 layers/stage)"), block_recompute_layers("")
+    (0, 0)
+    """
+    match = re.search(r"\bblock\b\W*(\d+)\s*layers?\b", (cell or "").lower())
+    return int(match.group(1)) if match else 0
+
+
 def first_word(cell: str | None) -> str:
     """The lower-case first word of a table cell, up to a space, comma, semicolon or bracket
     (the shipped tables follow a value with a note).
@@ -572,6 +587,7 @@ def _published_case(row: dict) -> RunCase:
     if recompute is None:
         recompute = d["recompute"]
         flags.append(f"recompute={recompute} (default for {fw.name} rows)")
+    block_layers = block_recompute_layers(rec) if recompute == "full" else 0
     sp = SEQUENCE_PARALLEL_WORDS.get(first_word(row["sequence_parallel"]))
     if sp is None:
         sp = bool(d["sequence_parallel"]) and tp > 1
@@ -614,8 +630,8 @@ def _published_case(row: dict) -> RunCase:
     flags += dtype_flags
     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(mb), global_batch=gb,
                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
-                recompute=recompute, zero_stage=zero, sequence_parallel=sp, dtype=dtype,
-                stage_layers=split, ep=row_ep(row))
+                recompute=recompute, recompute_num_layers=block_layers, zero_stage=zero,
+                sequence_parallel=sp, dtype=dtype, stage_layers=split, ep=row_ep(row))
     check_experts(model, plan)
     options, moe_flags = moe_options(row, framework_options(fw, d, overlap_dp=overlap))
     flags += moe_flags
