@@ -73,7 +73,8 @@ def slowed_costs(costs: list[StageCosts], factors: tuple[float, ...],
     ... # doctest: +NORMALIZE_WHITESPACE
     StageCosts(fwd_compute_s=3.0, bwd_compute_s=6.0, fwd_comm_s=5, bwd_comm_s=0.0,
                p2p_fwd_s=0.0, p2p_bwd_s=0.0, dp_comm_s=0.0, dp_buckets=1, dp_gather_s=0.0,
-               optimizer_s=0.0, wgrad_s=0.0, fwd_overlap_s=0.0, bwd_overlap_s=0.0)
+               optimizer_s=0.0, wgrad_s=0.0, fwd_overlap_s=0.0, bwd_overlap_s=0.0,
+               fwd_unpaired_s=0.0, bwd_unpaired_s=0.0)
     """
     pp = len(factors)
     f = [factors[chunk_rank(schedule, pp, g)] for g in range(len(costs))]
@@ -240,5 +241,5 @@ def estimate_replicas(replicas: list[list[StageCosts]], tail: list[StageCosts], 
                                    dp_gather_s=tail[g].dp_gather_s)
                if g < pp and c is not tail[g] else c for g, c in enumerate(rc)]
         results.append(estimate_pipeline(own, plan.num_microbatches, overlap_dp,
-                                         plan.virtual_stages))
+                                         plan.virtual_stages, plan.schedule))
     return max(results)

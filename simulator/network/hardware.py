@@ -28,6 +28,9 @@ class DeviceProfile:
         matmul_efficiency: achieved fraction of peak FLOP/s for large GEMMs (0, 1].
         memory_efficiency: achieved fraction of memory bandwidth for streaming kernels (0, 1].
         nvlink_bandwidth_Bps: NVLink bandwidth per GPU per direction; None without NVLink.
+        sm_count: streaming multiprocessors the GPU enables; a communication kernel that
+            holds some of them slows the compute that runs beside it
+            (`simulator.step.moe.overlapped_exposed_s`). None: not known (no such slowdown).
         source: where the numbers come from.
     """
 
@@ -38,6 +41,7 @@ class DeviceProfile:
     matmul_efficiency: float
     memory_efficiency: float
     nvlink_bandwidth_Bps: float | None = None
+    sm_count: int | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -55,6 +59,9 @@ class DeviceProfile:
                                    or nvlink <= 0):
             raise PlanError(f"nvlink_bandwidth_Bps={nvlink!r} must be a positive number or "
                             f"absent")
+        sms = self.sm_count
+        if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms <= 0):
+            raise PlanError(f"sm_count={sms!r} must be a positive integer or absent")
         for name in ("memory_bytes", "memory_bandwidth_Bps"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name}={getattr(self, name)!r} must be > 0")

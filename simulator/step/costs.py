@@ -709,7 +709,7 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
                                  host_re)
             if memo is not None:
                 memo[key] = times
-        fwd, bwd, fwd_comm, bwd_comm, hide_f, hide_b = times
+        fwd, bwd, fwd_comm, bwd_comm, hide_f, hide_b, alone_f, alone_b = times
         src = rank * stride
         nxt = chunk_rank(plan.schedule, pp, min(g + 1, len(chunks) - 1)) * stride
         prv = chunk_rank(plan.schedule, pp, max(g - 1, 0)) * stride
@@ -723,13 +723,14 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
             + extra if g > 0 else 0.0
         block_f, block_b = (p2p_f, p2p_b) if options.blocking_p2p else (0.0, 0.0)
         fields = (fwd, bwd, fwd_comm + block_f, bwd_comm + block_b, p2p_f - block_f,
-                  p2p_b - block_b, hide_f, hide_b)
+                  p2p_b - block_b, hide_f, hide_b, alone_f, alone_b)
         entry = None if tail or memo is None else memo.get(fields)  # equal entries: one object
         if entry is None:
             entry = StageCosts(fwd_compute_s=fields[0], bwd_compute_s=fields[1],
                                fwd_comm_s=fields[2], bwd_comm_s=fields[3],
                                p2p_fwd_s=fields[4], p2p_bwd_s=fields[5],
-                               fwd_overlap_s=fields[6], bwd_overlap_s=fields[7], **tail)
+                               fwd_overlap_s=fields[6], bwd_overlap_s=fields[7],
+                               fwd_unpaired_s=fields[8], bwd_unpaired_s=fields[9], **tail)
             if not tail and memo is not None:
                 memo[fields] = entry
         out.append(entry)
@@ -738,19 +739,30 @@ def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
 
 def _chunk_entry(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions, g: int,
                  rank: int, layers: int, lc: LayerCompute, dev, eff: Efficiency,
-                 host_re: float) -> tuple[float, float, float, float, float, float]:
-    # `_chunk_times` of chunk g, with its edges and, for MoE / MLA, its own block costs.
+                 host_re: float) -> tuple[float, ...]:
+    # `_chunk_times` of chunk g, with its edges and, for MoE / MLA, its own block costs; then
+    # the exposed communication a forward and a backward add when they run unpaired
+    # (`StageCosts.fwd_unpaired_s`): the chunk's all-to-alls without the overlap.
     edge = edge_compute(model, plan.micro_batch, plan.tp, plan.dtype, dev, eff, first=g == 0,
                         last=g == plan.pp * plan.virtual_stages - 1, cp=plan.cp)
-    lc_g, moe_comm = lc, (0.0, 0.0)
-    if model.is_moe or model.is_mla:
+    if not (model.is_moe or model.is_mla):
+        return _chunk_times(model, plan, cluster, options, rank, layers, lc, edge,
+                            host_re) + (0.0, 0.0)
+
+    def times(overlap: bool) -> tuple[float, ...]:
         lc_g, *moe_comm = chunk_moe_terms(
             model, plan, cluster, g, rank, options.attention, dev, eff,
             imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
-            overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention,
+            overlap=overlap, cp_attention=options.cp_attention,
             recompute_modules=options.recompute_modules)
-    return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
-                        tuple(moe_comm))
+        return _chunk_times(model, plan, cluster, options, rank, layers, lc_g, edge, host_re,
+                            tuple(moe_comm))
+
+    paired = times(options.moe_a2a_overlap)
+    if not options.moe_a2a_overlap:
+        return paired + (0.0, 0.0)
+    alone = times(False)
+    return paired + (max(0.0, alone[2] - paired[2]), max(0.0, alone[3] - paired[3]))
 
 
 def _tail(model: ModelSpec, plan: Plan, cluster: Cluster, rank: int, bandwidth: float,

@@ -381,6 +381,33 @@ def dispatch_time_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
     return out
 
 
+#: Streaming multiprocessors a token dispatcher's kernels hold while they move tokens: DeepEP's
+#: high-throughput ("normal") kernels run on ``Buffer.num_sms`` SMs, 20 by default (DeepEP
+#: deep_ep/buffer.py @e02e4d2, 2025-09), which Megatron-Core sets from
+#: ``TransformerConfig.moe_deepep_num_sms``, also 20 by default. NCCL's all-to-all
+#: ('alltoall') is not counted: its channel count depends on the NCCL version and topology.
+DISPATCHER_SMS: dict[str, int] = {"deepep": 20}
+
+
+def overlapped_exposed_s(comm_s: float, compute_s: float, sm_share: float = 0.0) -> float:
+    """Seconds an all-to-all of ``comm_s`` adds to ``compute_s`` of another micro-batch's
+    compute it runs beside (Megatron-Core's combined-1F1B EP overlap, DualPipe), when the
+    communication kernels hold ``sm_share`` of the GPU's SMs (`DISPATCHER_SMS` over
+    ``DeviceProfile.sm_count``). The transfer runs at the links' pace; while it runs the
+    compute keeps 1 − ``sm_share`` of the SMs and so of its rate (DeepSeek-V3 report §3.2.1:
+    the SMs given to communication are taken from computation). Both done after
+    max(comm, compute + comm · share): exposed max(comm − compute, comm · share).
+
+    >>> # 6.6 ms of dispatch + combine beside 5.0 ms of compute: 1.6 ms shows, whatever the SMs
+    >>> round(overlapped_exposed_s(6.6e-3, 5.0e-3, 20 / 132) * 1e3, 4)
+    1.6
+    >>> # 4.0 ms beside 10.0 ms on an H100 with DeepEP's 20 of 132 SMs: 4.0 x 20/132 = 0.6061 ms
+    >>> round(overlapped_exposed_s(4.0e-3, 10.0e-3, 20 / 132) * 1e3, 4)
+    0.6061
+    """
+    return max(0.0, comm_s - compute_s, comm_s * sm_share)
+
+
 def expert_params_per_block(model: ModelSpec, plan: Plan) -> float:
     """Routed-expert parameters of one MoE block on one rank: E/ep experts, 1/etp of each."""
     return model.num_experts * model.expert_params() / (plan.ep * plan.etp)
@@ -497,7 +524,8 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
     (``recompute_modules``), repeat the forward pair. With ``overlap`` (a
     framework that runs one micro-batch's all-to-all beside another's compute: Megatron-Core
     ``--overlap-moe-expert-parallel-comm``, DualPipe, DeepSeek-V3 report §3.2.1) only the part
-    longer than the block's compute is exposed. Averaged over the chunk's blocks (dense
+    longer than the block's compute is exposed, and at least the compute the dispatcher's
+    SMs take from it (`overlapped_exposed_s`). Averaged over the chunk's blocks (dense
     blocks send nothing).
     """
     mean, n_moe = chunk_compute(model, plan, chunk, attention, device, eff, imbalance,
@@ -513,7 +541,10 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
     if overlap:
         block = block_compute(model, plan, attention, device, eff, True, imbalance,
                               cp_attention, recompute_modules)
-        fwd, bwd = max(0.0, fwd - block.fwd_s), max(0.0, bwd - block.bwd_s)
+        sms = DISPATCHER_SMS.get(dispatcher, 0)
+        share = sms / device.sm_count if device.sm_count else 0.0
+        fwd = overlapped_exposed_s(fwd, block.fwd_s, share)
+        bwd = overlapped_exposed_s(bwd, block.bwd_s, share)
     share = n_moe / plan.layers_per_stage(model)[chunk]
     return mean, fwd * share, bwd * share
 

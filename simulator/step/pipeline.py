@@ -38,6 +38,41 @@ class PipelineResult:
     events: list[tuple]
 
 
+def warmup_passes(schedule: str, pp: int, m: int, stage: int, virtual_stages: int = 1) -> int:
+    """Forwards pipeline rank ``stage`` runs before its first backward pairs with one
+    (`schedule_order`): w = min(pp − stage − 1, m) in 1F1B, min(2(pp − stage − 1) +
+    (v − 1)·pp, m·v) interleaved, all m in GPipe.
+
+    >>> warmup_passes("1f1b", 4, 8, 0), warmup_passes("interleaved-1f1b", 8, 128, 0, 4)
+    (3, 38)
+    """
+    v = virtual_stages
+    if schedule == "gpipe":
+        return m
+    return min(pp - stage - 1 if v == 1 else 2 * (pp - stage - 1) + (v - 1) * pp, m * v)
+
+
+def unpaired_passes(schedule: str, pp: int, m: int, stage: int, virtual_stages: int = 1
+                    ) -> int:
+    """Passes at each end of rank ``stage``'s `schedule_order` that run with no pass of
+    another micro-batch beside them. Megatron-Core's combined 1F1B (the EP all-to-all
+    overlap, ``overlap_moe_expert_parallel_comm``; `SimOptions.moe_a2a_overlap`) merges each
+    steady-state forward with the backward that follows it in the order, which is another
+    micro-batch's once a rank warms up with w > 0 forwards; with w = 0 (the last 1F1B stage)
+    a forward is followed by its own backward, so the first forward and the last backward run
+    alone. The w warm-up forwards and w cool-down backwards run alone; all of them when
+    nothing pairs (GPipe, or w = every pass).
+
+    >>> unpaired_passes("1f1b", 2, 3, 0), unpaired_passes("1f1b", 2, 3, 1)
+    (1, 1)
+    >>> unpaired_passes("gpipe", 2, 3, 0), unpaired_passes("interleaved-1f1b", 8, 128, 7, 4)
+    (3, 24)
+    """
+    ops = m * virtual_stages
+    warm = warmup_passes(schedule, pp, m, stage, virtual_stages)
+    return ops if warm >= ops else max(warm, 1)
+
+
 def schedule_order(schedule: str, pp: int, m: int, stage: int,
                    virtual_stages: int = 1) -> list[tuple[str, int, int]]:
     """Operations of pipeline rank ``stage`` in order, as ``("F" | "B", chunk, micro_batch)``.
@@ -58,7 +93,7 @@ def schedule_order(schedule: str, pp: int, m: int, stage: int,
     if schedule == "gpipe":
         return [("F", 0, k) for k in range(m)] + [("B", 0, k) for k in range(m)]
     ops = m * v
-    warm = min(pp - stage - 1 if v == 1 else 2 * (pp - stage - 1) + (v - 1) * pp, ops)
+    warm = warmup_passes(schedule, pp, m, stage, v)
 
     def op(kind: str, k: int) -> tuple[str, int, int]:
         chunk = (k // pp) % v
@@ -147,6 +182,8 @@ def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule
     tail = pipe.costs[stage]  # chunk 0: holds this rank's DP / optimizer, runs its last B
     dp_done = env.event()
     order = schedule_order(schedule, pp, m, stage, virtual_stages)
+    # The warm-up forwards and cool-down backwards run unpaired (`StageCosts.fwd_unpaired_s`).
+    alone = unpaired_passes(schedule, pp, m, stage, virtual_stages)
     for i, (kind, chunk, k) in enumerate(order):
         g = chunk * pp + stage
         c = pipe.costs[g]
@@ -157,6 +194,8 @@ def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule
             _log_overlap(pipe, rank, f"overlap-F{tag}", c.fwd_overlap_s)
             yield from rank.hold("compute", f"F{tag}", c.fwd_compute_s)
             yield from rank.hold("comm", f"tp-F{tag}", c.fwd_comm_s)
+            if i < alone:
+                yield from rank.hold("comm", f"a2a-F{tag}", c.fwd_unpaired_s)
             if g < last_g:
                 env.process(pipe.send(rank, "p2p-next", ("F", g + 1, k), c.p2p_fwd_s,
                                       f"send-act{tag}"))
@@ -168,6 +207,8 @@ def _stage_process(env: simpy.Environment, pipe: _Pipeline, stage: int, schedule
             _log_overlap(pipe, rank, f"overlap-B{tag}", c.bwd_overlap_s)
             yield from rank.hold("compute", f"B{tag}", c.bwd_compute_s)
             yield from rank.hold("comm", f"tp-B{tag}", c.bwd_comm_s)
+            if i >= len(order) - alone:
+                yield from rank.hold("comm", f"a2a-B{tag}", c.bwd_unpaired_s)
             if g > 0:
                 env.process(pipe.send(rank, "p2p-prev", ("B", g - 1, k), c.p2p_bwd_s,
                                       f"send-grad{tag}"))
@@ -262,9 +303,30 @@ def exposed_dp_s(c: StageCosts, overlap_dp: bool) -> float:
     return max(t_b / n + c.dp_comm_s, t_b + c.dp_comm_s / n) - t_b
 
 
+def unpaired_s(costs: list[StageCosts], schedule: str, num_microbatches: int, stage: int,
+               virtual_stages: int = 1) -> float:
+    """Seconds pipeline rank ``stage`` adds in its unpaired passes (`unpaired_passes`), each
+    its chunk's ``fwd_unpaired_s`` / ``bwd_unpaired_s``.
+
+    >>> c = StageCosts(fwd_compute_s=1.0, bwd_compute_s=2.0, fwd_unpaired_s=0.25,
+    ...                bwd_unpaired_s=0.5)
+    >>> # 1F1B, pp = 2, m = 3: each rank's first forward and last backward run alone
+    >>> unpaired_s([c, c], "1f1b", 3, 0), unpaired_s([c, c], "gpipe", 3, 1)
+    (0.75, 2.25)
+    """
+    pp = len(costs) // virtual_stages
+    order = schedule_order(schedule, pp, num_microbatches, stage, virtual_stages)
+    alone = unpaired_passes(schedule, pp, num_microbatches, stage, virtual_stages)
+    return sum(costs[chunk * pp + stage].fwd_unpaired_s if kind == "F"
+               else costs[chunk * pp + stage].bwd_unpaired_s
+               for i, (kind, chunk, _) in enumerate(order)
+               if i < alone or i >= len(order) - alone)
+
+
 def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
                       overlap_dp: bool = False,
-                      virtual_stages: int = 1) -> tuple[float, float, float]:
+                      virtual_stages: int = 1, schedule: str | None = None
+                      ) -> tuple[float, float, float]:
     """Closed form of `simulate_pipeline`: ``(step_s, compute_s, comm_s)``.
 
     With c_g = t_f + t_b of virtual stage g, v chunks per rank and R_r = Σ_{g on rank r} c_g
@@ -272,8 +334,9 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
     of one fill and one drain + max_rank(exposed DP + optimizer + weight gather): the busiest
     rank's m rounds plus the fill and drain through the others, 1/v of a round each. For
     equal stages and free P2P this is (m + p − 1)(t_f + t_b) + ... for 1F1B / GPipe and
-    (m·v + p − 1)·(t_f + t_b)/v interleaved (Narayanan et al. 2021, §2.2). The critical rank
-    is the busiest one.
+    (m·v + p − 1)·(t_f + t_b)/v interleaved (Narayanan et al. 2021, §2.2). Each rank's
+    unpaired passes (`unpaired_s`; ``schedule`` orders them, default 1F1B or interleaved
+    1F1B) add to its m rounds. The critical rank is the busiest one.
     """
     m, v = num_microbatches, virtual_stages
     pp = len(costs) // v
@@ -281,10 +344,15 @@ def estimate_pipeline(costs: list[StageCosts], num_microbatches: int,
     p2p = sum(c.p2p_fwd_s + c.p2p_bwd_s for c in costs[:pp])
     tails = [exposed_dp_s(c, overlap_dp) + c.optimizer_s + c.dp_gather_s for c in costs[:pp]]
     rank_work = [sum(per_mb[r::pp]) for r in range(pp)]
-    step = m * max(rank_work) + (sum(rank_work) - max(rank_work)) / v + p2p + max(tails)
-    crit = max(range(pp), key=rank_work.__getitem__)
+    alone = [0.0] * pp
+    if any(c.fwd_unpaired_s or c.bwd_unpaired_s for c in costs):
+        order = schedule or ("interleaved-1f1b" if v > 1 else "1f1b")
+        alone = [unpaired_s(costs, order, m, r, v) for r in range(pp)]
+    total = [m * w + a for w, a in zip(rank_work, alone, strict=True)]
+    crit = max(range(pp), key=total.__getitem__)
+    step = total[crit] + (sum(rank_work) - rank_work[crit]) / v + p2p + max(tails)
     mine, tail = costs[crit::pp], costs[crit]
     compute = m * sum(c.fwd_compute_s + c.bwd_compute_s for c in mine) + tail.optimizer_s
-    comm = (m * sum(c.fwd_comm_s + c.bwd_comm_s for c in mine)
+    comm = (m * sum(c.fwd_comm_s + c.bwd_comm_s for c in mine) + alone[crit]
             + exposed_dp_s(tail, overlap_dp) + tail.dp_gather_s)
     return step, compute, comm

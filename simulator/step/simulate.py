@@ -155,7 +155,7 @@ def estimate(model: ModelSpec, plan: Plan, cluster: Cluster, *,
             post_validation=options.optimizer_post_validation)
     else:
         step, compute, comm = estimate_pipeline(costs, plan.num_microbatches, overlap_dp,
-                                                plan.virtual_stages)
+                                                plan.virtual_stages, plan.schedule)
     return _prediction(model, plan, cluster, step, compute, comm, [], options.attention,
                        fp32_main_grads=options.fp32_main_grads,
                        main_grad_bytes=options.grad_reduce_bytes)

@@ -37,6 +37,10 @@ class StageCosts:
     are the communication per micro-batch that runs beside that pass's compute on its own
     stream (ZeRO-3 prefetch, TP overlap) and is hidden by it: not part of the step time,
     logged on the ``overlap`` track so the timeline shows how much slack is left.
+    fwd/bwd_unpaired_s are what a pass adds when it runs without a pass of another
+    micro-batch beside it: an MoE all-to-all that overlaps another micro-batch's compute
+    (`SimOptions.moe_a2a_overlap`; Megatron-Core's combined 1F1B pairs each steady-state
+    forward with a backward) shows in full in the warm-up forwards and cool-down backwards.
     """
 
     fwd_compute_s: float
@@ -52,6 +56,8 @@ class StageCosts:
     wgrad_s: float = 0.0
     fwd_overlap_s: float = 0.0
     bwd_overlap_s: float = 0.0
+    fwd_unpaired_s: float = 0.0
+    bwd_unpaired_s: float = 0.0
 
 
 #: How overlapped TP collectives hide (`SimOptions.tp_overlap_kind`).

@@ -55,8 +55,13 @@ OPTION_KEYS = ("attention", "tp_comm_overlap", "grad_reduce_bytes", "blocking_p2
 #: runs that kernel's published rate, ``presets/attention_kernels.yaml``).
 #: (``tp_overlap_kind``: 'block', how ``tp_comm_overlap`` hides the TP collectives).
 #: (``eager_pointwise``: False, the pointwise ops run as fused kernels).
+#: (``moe_dispatcher``: 'alltoall', ``moe_a2a_overlap``: False, ``recompute_modules``: None,
+#: for a recipe that names the MoE token dispatcher, the EP all-to-all overlap or the
+#: modules selective recomputation repeats; a row's notes and recompute cell still win,
+#: `simulator.validation.moe_rows.moe_options`).
 OPTIONAL_OPTION_KEYS = ("cp_attention", "zero3_pp_unsharded", "attention_kernel",
-                        "tp_overlap_kind", "eager_pointwise")
+                        "tp_overlap_kind", "eager_pointwise", "moe_dispatcher",
+                        "moe_a2a_overlap", "recompute_modules")
 
 
 def _matches(match: dict[str, list[str]], row: dict) -> bool:

@@ -687,6 +687,8 @@ def framework_options(fw: Framework, settings: dict, *, overlap_dp: bool) -> Sim
     values.update({k: settings[k] for k in OPTIONAL_OPTION_KEYS if k in settings})
     if values["zero3_prefetch_params"] is not None:
         values["zero3_prefetch_params"] = float(values["zero3_prefetch_params"])
+    if values.get("recompute_modules") is not None:     # a YAML list; options are hashed
+        values["recompute_modules"] = tuple(values["recompute_modules"])
     bucket = settings["dp_bucket_bytes"]
     return SimOptions(**load_framework(fw.fitted), **values,
                       dp_bucket_bytes=float(bucket) if overlap_dp and bucket else None)

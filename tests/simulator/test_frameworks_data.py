@@ -76,6 +76,29 @@ def test_recipes_and_notes_switches():
     assert titan.settings({"notes": "TP mode=vanilla TP"})[0]["tp_comm_overlap"] is False
 
 
+def test_megatron_bridge_deepseek_v3_h100_script():
+    # Megatron-Bridge scripts/performance/run_script.py @fa0315ae2 (25.09): on H100 the
+    # DeepSeek-V3 script turns on DeepEP (flex dispatcher), the combined-1F1B EP all-to-all
+    # overlap, recompute_modules ["mla_up_proj", "mlp"] and overlap_grad_reduce=False; on
+    # B200 / GB200 none of these.
+    core = framework("megatron-core")
+    row = {"source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
+           "table": "25.09 NeMo Container / Pre-Training Performance / System: DGX-H100",
+           "model": "DeepSeek-V3 671B-A37B (DeepSeekV3 (dropless))",
+           "gpu": "H100 SXM 80GB (DGX-H100)"}
+    values, notes = core.settings(row)
+    o = framework_options(core, values, overlap_dp=values["overlap_dp"])
+    assert (o.moe_dispatcher, o.moe_a2a_overlap, o.recompute_modules) == \
+        ("deepep", True, ("mla_up_proj", "mlp"))
+    assert values["overlap_dp"] is False and o.dp_bucket_bytes is None
+    assert any("DeepSeek-V3 H100" in n for n in notes)
+    for other in ({**row, "gpu": "GB200 (DGX-GB200)"}, {**row, "model": "Llama 3 70B"},
+                  {**row, "table": "25.11 NeMo Container / Pre-Training Performance"}):
+        o = framework_options(core, core.settings(other)[0], overlap_dp=True)
+        assert (o.moe_dispatcher, o.moe_a2a_overlap, o.recompute_modules) == \
+            ("alltoall", False, None)
+
+
 def test_unknown_family_name_is_a_clear_error():
     with pytest.raises(PlanError, match="framework='jax'.*torchtitan"):
         framework("jax")

@@ -278,3 +278,34 @@ def test_reader_reaches_for_the_light_moe_recompute_before_full():
     assert "moe_act" in flag
     plan, opts, flag = recompute_that_fits(MIXTRAL, p, o, need)
     assert (plan, opts, flag) == (p, o, None)
+
+
+def test_overlapped_all_to_all_pays_for_the_dispatcher_sms():
+    # Beside another micro-batch's compute, DeepEP's kernels hold 20 of an H100's 132 SMs
+    # (DeepEP Buffer.num_sms, Megatron-Core moe_deepep_num_sms): compute C finishes after
+    # C + A * 20/132 when the all-to-all A is shorter. By hand: A = 4 ms beside C = 10 ms
+    # shows 4 * 20/132 = 0.60606 ms; A = 6.6 ms beside C = 5 ms shows A - C = 1.6 ms.
+    from simulator.step.moe import DISPATCHER_SMS, overlapped_exposed_s
+    assert DISPATCHER_SMS["deepep"] == 20
+    assert overlapped_exposed_s(4e-3, 10e-3, 20 / 132) == pytest.approx(0.60606e-3, abs=1e-8)
+    assert overlapped_exposed_s(6.6e-3, 5e-3, 20 / 132) == pytest.approx(1.6e-3, rel=1e-12)
+    assert overlapped_exposed_s(4e-3, 10e-3) == 0.0
+    # In a chunk: DeepSeek-V3 over two DGX H100 nodes (ep=16), every block an MoE block
+    # after the 3 dense ones; forward exposed = share of MoE blocks x max(2A - C, 2A x 20/132).
+    from simulator.network.hardware import load_device
+    from simulator.step.moe import block_compute, chunk_moe_terms
+    m, c = load_model("deepseek-v3"), load_cluster("dgx-h100", nodes=2)
+    dev, eff = load_device("h100-sxm-80gb"), load_efficiency("h100-sxm-80gb")
+    assert dev.sm_count == 132
+    plan = _plan(dp=16, global_batch=16, ep=16)
+    a2a = dispatch_time_s(m, plan, c, 0, dispatcher="deepep")
+    block = block_compute(m, plan, "flash", dev, eff, True)
+    moe_share = (m.num_layers - 3) / m.num_layers
+    _, fwd, bwd = chunk_moe_terms(m, plan, c, 0, 0, "flash", dev, eff, dispatcher="deepep",
+                                  overlap=True)
+    assert fwd == pytest.approx(moe_share * max(2 * a2a - block.fwd_s, 2 * a2a * 20 / 132))
+    assert bwd == pytest.approx(moe_share * max(2 * a2a - block.bwd_s, 2 * a2a * 20 / 132))
+    # A device whose SM count is not known keeps the plain overlap.
+    _, fwd0, _ = chunk_moe_terms(m, plan, c, 0, 0, "flash", dev.replace(sm_count=None), eff,
+                                 dispatcher="deepep", overlap=True)
+    assert fwd0 == pytest.approx(moe_share * max(0.0, 2 * a2a - block.fwd_s))
