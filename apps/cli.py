@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
+    _no_abbreviations(p)
     return p
 
 
@@ -58,8 +59,35 @@ class _Parser(argparse.ArgumentParser):
     the usage block followed by ``meshplan plan: error: ...``; the exit status stays 2."""
 
     def error(self, message: str):
-        print_error("error:", f"{self.prog}: {message}; see `{self.prog} --help`")
+        hint = ""
+        if message.startswith("unrecognized arguments: "):
+            # a misspelt flag: the closest of every flag of every command
+            from planner.spec import did_you_mean
+            word = message.split(": ", 1)[1].split()[0].split("=")[0]
+            if word.startswith("--"):
+                hint = did_you_mean(word, _option_strings(self))
+        print_error("error:", f"{self.prog}: {message}{hint}; see `{self.prog} --help`")
         self.exit(2)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    # the long flags of ``parser`` and of its subcommands
+    out = []
+    for action in parser._actions:
+        out += [s for s in action.option_strings if s.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _option_strings(sub)
+    return sorted(set(out))
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    # ``--dev 8`` must not run as ``--devices 8``: a flag is its whole name
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _no_abbreviations(sub)
 
 
 def joined_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

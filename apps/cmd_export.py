@@ -35,6 +35,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                             f"to export it anyway")
         console.print(f"warning: {pf.plan.id} does not fit on {cluster.device.name}: "
                       f"{reason} (exported as --allow-oom asks)", highlight=False, markup=False)
+    elif args.allow_oom:
+        console.print(f"note: --allow-oom has no effect: {pf.plan.id} fits on "
+                      f"{cluster.device.name}", highlight=False, markup=False)
     out = export_plan(pf.model, pf.plan, args.to, steps=args.steps)
     if args.json:
         print_json({"id": pf.plan.id, **dataclasses.asdict(out)})

@@ -13,6 +13,7 @@ from pathlib import Path
 from apps.clusters import add_cpu_profile_option
 from apps.cmd_faults import add_straggler_options, check_straggler_flags
 from apps.format import (
+    CLUSTER_HELP,
     SearchProgress,
     check_at_least,
     check_output_path,
@@ -86,6 +87,24 @@ def check_default_batch_fits(seq_len: int, cluster, label: str = "--seq-len") ->
         raise PlanError(f"{label} {seq_len} is longer than the default global batch of "
                         f"{DEFAULT_BATCH_TOKENS} tokens (it would be one sequence); give the "
                         f"batch: --global-batch B (sequences) or --global-batch-tokens T")
+
+
+def batch_hint(global_batch: int, devices: int, given: int | None) -> str | None:
+    """When no plan is legal and the default global batch does not split over the cluster's
+    devices (a 72-GPU NVL72 rack against 512 sequences), the two ways out; None otherwise.
+
+    >>> batch_hint(512, 72, None)
+    'hint: the default global batch 512 is not a multiple of the 72 devices; give --global-batch 504 (a multiple of 72) or --devices 64 (a power of two)'
+    >>> batch_hint(512, 64, None) is None, batch_hint(512, 72, 512) is None
+    (True, True)
+    """
+    if given is not None or global_batch % devices == 0:
+        return None
+    fits = max(1, round(global_batch / devices)) * devices
+    power = 2 ** int(math.log2(devices))
+    return (f"hint: the default global batch {global_batch} is not a multiple of the {devices} "
+            f"devices; give --global-batch {fits} (a multiple of {devices}) or --devices "
+            f"{power} (a power of two)")
 
 
 def gpu_global_batch(seq_len: int) -> int:
@@ -201,6 +220,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cluster = cluster_from_flags(args.cluster, args.nodes, args.ranks,
                                  getattr(args, "cpu_profile", None))
     check_device_flags(args, cluster.num_devices)
+    if kwargs["dtype"] is not None:    # the search's own check, before its header
+        from planner.precision import search_dtypes
+        search_dtypes(kwargs["dtype"], cluster.device.name, cluster.device.peak_flops)
     gb = global_batch_of(args, model.seq_len)
     if gb is None:
         check_default_batch_fits(model.seq_len, cluster, "--seq-len" if args.seq_len
@@ -281,6 +303,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 row = rejected[kind].iloc[0]
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False, markup=False)
     report(console, args, result, wrote_csv)
+    if ranked.empty and not args.json:
+        hint = batch_hint(gb, cluster.num_devices, global_batch_of(args, model.seq_len))
+        if hint:
+            console.print(hint, highlight=False, markup=False)
     if args.out:  # no legal plan: `best` raises, naming the commonest reasons
         console.print(f"wrote {args.out} ({result.best.id})", markup=False)
     # No legal plan: the inputs cannot be satisfied together (the report says which constraint
@@ -305,8 +331,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("plan", help="search tp x pp x dp splits and rank them")
     sp.add_argument("--model", required=True, help=f"preset ({', '.join(model_names())}), a model "
                     f"YAML file, or a plan file (the model it was planned for)")
-    sp.add_argument("--cluster", required=True, help="preset (dgx-a100, dgx-h100, dgx-h200, "
-                    "dgx-b200, dgx-h100-roce, pcie-a100, localhost-cpu) or a cluster YAML file")
+    sp.add_argument("--cluster", required=True, help=CLUSTER_HELP)
     sp.add_argument("--nodes", type=int, help="node count of a GPU cluster (default: preset's)")
     sp.add_argument("--ranks", type=int, help="processes on localhost-cpu (default 4)")
     sp.add_argument("--global-batch", help="sequences per step (default: 4M tokens "

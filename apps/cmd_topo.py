@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from apps.clusters import add_cpu_profile_option
 from apps.format import (
+    CLUSTER_HELP,
     check_at_least,
     check_image_path,
     check_output_path,
@@ -114,6 +115,11 @@ def cmd_collective(args: argparse.Namespace) -> int:
     cluster = _load(args, args.ranks if local else None)
     rows = collective_rows(cluster, op, sizes, None if local else args.ranks,
                            algorithm=args.algorithm, concurrent=args.concurrent)
+    if args.concurrent and (args.ranks or cluster.num_devices) >= cluster.num_devices:
+        Console(stderr=True).print(
+            f"note: --concurrent has no effect here: the group holds all "
+            f"{cluster.num_devices} devices, so no other group shares its links (give "
+            f"--ranks R below that)", highlight=False, markup=False)
     if args.csv:
         write_csv(rows, args.csv)
     n = args.ranks or cluster.num_devices
@@ -145,6 +151,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
     from simulator.network.topology import draw_png, summary
     check_image_path("--png", args.png)
     check_at_least("--draw-nodes", args.draw_nodes, hint="servers drawn; default 8")
+    if args.draw_nodes is not None and not args.png:
+        raise PlanError(f"--draw-nodes {args.draw_nodes} has no effect without --png FILE "
+                        f"(it sets how many servers the drawing shows)")
     cluster = _load(args, args.ranks)
     info = summary(cluster)
     out: dict = {"cluster": info}
@@ -171,7 +180,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         out["placement"] = {"plan": plan.id, "order": order,
                             "groups": [g.to_dict() for g in placement_report(plan, cluster)]}
     if args.png:
-        out["png"] = draw_png(cluster, str(output_file(args.png)), max_nodes=args.draw_nodes)
+        out["png"] = draw_png(cluster, str(output_file(args.png)), max_nodes=args.draw_nodes or 8)
     if args.json:
         print_json(out)
         return 0
@@ -231,12 +240,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_topo_parser(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("topo", help="summarise and draw a cluster (devices, links, bisection)")
-    st.add_argument("cluster", help="preset (dgx-a100, dgx-h100, dgx-h200, dgx-b200, pcie-a100,"
-                    " ...) or a cluster YAML file (docs/clusters.md)")
+    st.add_argument("cluster", help=CLUSTER_HELP)
     st.add_argument("--nodes", type=int, help="node count (default: the cluster's)")
     st.add_argument("--ranks", type=int, help="processes on localhost-cpu")
     st.add_argument("--png", help="draw the topology to this PNG file")
-    st.add_argument("--draw-nodes", type=int, default=8, help="servers drawn (default 8)")
+    st.add_argument("--draw-nodes", type=int, help="servers drawn with --png (default 8)")
     st.add_argument("--plan", help="plan file: report which tp/dp/pp groups cross nodes")
     st.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_cpu_profile_option(st)
@@ -247,7 +255,7 @@ def _add_collective_parser(sub: argparse._SubParsersAction) -> None:
     sc = sub.add_parser("collective", help="simulated nccl-tests: time, algbw, busbw per size")
     sc.add_argument("op", help="all_reduce, reduce_scatter, all_gather, all_to_all, broadcast "
                     "or send_recv (nccl-tests spellings such as allreduce work too)")
-    sc.add_argument("--cluster", required=True, help="preset or cluster YAML file")
+    sc.add_argument("--cluster", required=True, help=CLUSTER_HELP)
     sc.add_argument("--nodes", type=int, help="node count (default: the cluster's)")
     sc.add_argument("--ranks", type=int, help="ranks in the group (default: every device; "
                     "send_recv goes from device 0 to device ranks-1)")

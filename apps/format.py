@@ -181,6 +181,13 @@ def check_at_least(flag: str, value: int | float | None, least: int = 1,
                         + (f" ({hint})" if hint else ""))
 
 
+#: The cluster presets as `--help` lists them (simulator/presets/clusters.yaml; written here so
+#: that `--help` imports no simulator; tests/apps/test_cli.py checks it against the presets).
+CLUSTER_PRESETS = ("dgx-a100", "dgx-h100", "dgx-h100-roce", "dgx-h200", "dgx-b200", "dgx-b300",
+                   "gb200-nvl72", "gb300-nvl72", "pcie-a100", "localhost-cpu")
+CLUSTER_HELP = f"preset ({', '.join(CLUSTER_PRESETS)}) or a cluster YAML file (docs/clusters.md)"
+
+
 #: Image files matplotlib writes (``savefig`` picks the format from the suffix).
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 

@@ -39,7 +39,7 @@ def add_plan_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
                     help=f"fraction of device memory a plan may use (default {MEMORY_HEADROOM})")
     sp.add_argument("--fix", action="append", default=[], metavar="FIELD=V[,V...]",
-                    help="restrict a plan field: tp, pp, dp, micro_batch, virtual_stages, "
+                    help="restrict a plan field: tp, cp, pp, dp, micro_batch, virtual_stages, "
                     "schedule, recompute, zero_stage, sequence_parallel, placement, ep, etp "
                     "(e.g. --fix tp=8 --fix recompute=none,full); placement is the three axes "
                     "joined by dots, innermost first (--fix placement=tp.pp.dp)")
@@ -134,10 +134,11 @@ def check_fixed_for_model(space: SearchSpace, model) -> None:
         raise PlanError(f"--fix tp={','.join(map(str, space.tp))}: {causes}; {legal}")
 
 
-#: Most tokens in one global batch a flag may ask for: 1e12, 60,000 times the 16M tokens of
-#: Llama 3 405B's final batch (Dubey et al. 2024 §3.4.1), so a slip of the exponent is named
+#: Most tokens in one global batch a flag may ask for: 1e9, 60 times the 16M tokens of
+#: Llama 3 405B's final batch (Dubey et al. 2024 §3.4.1) and 16 times DeepSeek-V3's 63M
+#: (15,360 sequences of 4,096, DeepSeek-AI 2024 §4.2), so a slip of the exponent is named
 #: before the search instead of running it.
-MAX_GLOBAL_BATCH_TOKENS = 1e12
+MAX_GLOBAL_BATCH_TOKENS = 1e9
 
 
 def global_batch_of(args: argparse.Namespace, seq_len: int) -> int | None:

@@ -22,7 +22,7 @@ import yaml
 
 from planner import __version__
 from planner.presets import model_from_dict
-from planner.spec import ModelSpec, Plan, PlanError, unknown_fields_message
+from planner.spec import ModelSpec, Plan, PlanError, check_plan, unknown_fields_message
 from planner.userfile import read_yaml
 
 SCHEMA_VERSION = 1
@@ -207,11 +207,16 @@ def read_plan_file(path: str | Path) -> PlanFile:
         if not isinstance(data.get(key), dict):
             raise PlanError(f"plan file {path} has no '{key}' mapping")
     model_fields = dict(data["model"])
-    model = model_from_dict(model_fields, name=model_fields.pop("name", "custom"))
-    try:
+    try:  # each error names the file and the section it is in
+        section = "model"
+        model = model_from_dict(model_fields, name=model_fields.pop("name", "custom"))
+        section = "plan"
+        plan = plan_from_dict(data["plan"])
+        check_plan(model, plan)
+        section = "cluster"
         cluster = ClusterRef.from_dict(data["cluster"])
     except PlanError as exc:
-        raise PlanError(f"plan file {path}: {exc}") from None
-    return PlanFile(model=model, plan=plan_from_dict(data["plan"]), cluster=cluster,
+        raise PlanError(f"plan file {path}, {section}: {exc}") from None
+    return PlanFile(model=model, plan=plan, cluster=cluster,
                     prediction=dict(data.get("prediction") or {}),
                     meshplan_version=str(data.get("meshplan_version", "unknown")))

@@ -180,11 +180,11 @@ def unsupported_dtype_reason(dtype: str, device_name: str,
     if key in peak_flops:
         return None
     r = RECIPES.get(dtype)
-    runs = [d for d in PLAN_DTYPES if gemm_peak_key(d) in peak_flops]
+    runs = [d for d in PLAN_DTYPES if gemm_peak_key(d) in peak_flops] or sorted(peak_flops)
     need = r.needs if r else f"{dtype} peak FLOP/s"
-    return (f"dtype={dtype}: {device_name} has no {need}; it runs "
-            f"{', '.join(runs) or ', '.join(sorted(peak_flops))}; use --dtype "
-            f"{runs[-1] if runs else 'bf16'} or a device that has them")
+    # the suggestion is a dtype the device runs (a CPU has only fp32), never the refused one
+    return (f"dtype={dtype}: {device_name} has no {need}; it runs {', '.join(runs)}; use "
+            f"--dtype {runs[-1]} or a device that has them")
 
 
 def search_dtypes(dtype: str, device_name: str, peak_flops: Mapping[str, float]) -> list[str]:

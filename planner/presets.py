@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from planner.spec import ModelSpec, PlanError, unknown_fields_message
+from planner.spec import ModelSpec, PlanError, did_you_mean, unknown_fields_message
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -62,8 +62,9 @@ def load_model(name_or_path: str) -> ModelSpec:
         return model_from_dict(presets[name_or_path], name=name_or_path)
     path = Path(name_or_path)
     if not path.exists():
-        raise PlanError(f"model={name_or_path!r} is neither a preset ({model_names()}) "
-                        f"nor an existing YAML file")
+        raise PlanError(f"model={name_or_path!r} is neither a preset"
+                        f"{did_you_mean(name_or_path.lower(), model_names())} "
+                        f"({model_names()}) nor an existing YAML file")
     fields = read_yaml(path, "model", also=("plan",))
     if "plan" in fields or "schema_version" in fields:
         fields = fields.get("model")

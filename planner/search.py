@@ -46,7 +46,7 @@ EXTRA_REFINE = 2
 #: Plans with more micro-batches per step than this keep their closed-form estimate: SimPy
 #: cost grows with the micro-batch count, and past the fill and drain every 1F1B round is the
 #: same, where the closed form follows SimPy within 1% (docs/planner.md, "Simulator speed").
-MAX_SIMULATED_MICROBATCHES = 4096
+MAX_SIMULATED_MICROBATCHES = 256
 
 
 @dataclass(frozen=True)

@@ -192,9 +192,10 @@ class ModelSpec:
     v_head_dim: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise PlanError(f"name={self.name!r} must be a non-empty string; quote it in YAML "
-                            f"(e.g. name: \"{self.name}\")")
+        if not isinstance(self.name, str) or not self.name.strip():
+            fix = "give the model a name, e.g. name: my-model" if isinstance(self.name, str) \
+                else f"quote it in YAML (e.g. name: \"{self.name}\")"
+            raise PlanError(f"name={self.name!r} must be a non-empty string; {fix}")
         _require_positive_int(
             self, "num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
             "vocab_size", "seq_len",
@@ -206,7 +207,9 @@ class ModelSpec:
         if self.hidden % self.num_heads and not self.attention_head_dim:
             raise PlanError(
                 f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}; "
-                f"use num_heads in {divisors(self.hidden)}"
+                f"use a hidden size that is, e.g. "
+                f"{max(self.num_heads, round(self.hidden / self.num_heads) * self.num_heads)}"
+                f", or num_heads in {divisors(self.hidden)} (or set attention_head_dim)"
             )
         if self.num_heads % self.num_kv_heads:
             raise PlanError(
@@ -422,8 +425,8 @@ def _check_moe_fields(m: ModelSpec) -> None:
     if m.capacity_factor is not None:
         cf = m.capacity_factor
         if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf <= 0:
-            raise PlanError(f"capacity_factor={cf!r} must be a positive number or None "
-                            f"(dropless)")
+            raise PlanError(f"capacity_factor={cf!r} must be a positive number, or null "
+                            f"(left out) for dropless routing")
     if (m.q_lora_rank or m.qk_rope_head_dim or m.v_head_dim) and not m.kv_lora_rank:
         raise PlanError("q_lora_rank / qk_rope_head_dim / v_head_dim are multi-head latent "
                         "attention fields and need kv_lora_rank > 0 (0 given)")
@@ -589,8 +592,9 @@ class Plan:
                 f"{per_step}"
             )
         if self.virtual_stages > 1 and self.schedule not in MULTI_CHUNK_SCHEDULES:
-            raise PlanError(f"virtual_stages={self.virtual_stages} needs "
-                            f"schedule='interleaved-1f1b', not {self.schedule!r}")
+            raise PlanError(f"virtual_stages={self.virtual_stages} needs a multi-chunk "
+                            f"schedule ({', '.join(MULTI_CHUNK_SCHEDULES)}), not "
+                            f"{self.schedule!r}; or set virtual_stages: 1")
         self._check_zero_bubble()
         if self.schedule == "interleaved-1f1b" and self.pp > 1 and \
                 self.num_microbatches % self.pp:

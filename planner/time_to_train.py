@@ -26,7 +26,7 @@ TRAIN_COLUMNS = ("train_tokens", "wall_days", "gpu_hours", "cost_usd")
 _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
-def parse_tokens(text: str, flag: str = "--tokens") -> float:
+def parse_tokens(text: str, flag: str = "--tokens", what: str = "token count") -> float:
     """A token count with an optional K / M / B (or G) / T suffix (powers of ten, SI), e.g.
     ``15T``; the one reader of the count flags (``--tokens``, ``--global-batch-tokens``,
     ``--global-batch``), each named by ``flag`` in its message.
@@ -45,8 +45,9 @@ def parse_tokens(text: str, flag: str = "--tokens") -> float:
         except ValueError:
             pass
     if not (math.isfinite(value) and value > 0):
-        raise PlanError(f"{flag}={text!r} must be a positive token count such as 15T, "
-                        "300B or 2e9 (suffixes K, M, B, T)")
+        example = "15T, 300B or 2e9" if what == "token count" else "512, 2K or 1.5e3"
+        raise PlanError(f"{flag}={text!r} must be a positive {what} such as {example} "
+                        "(suffixes K, M, B, T)")
     return value
 
 
@@ -60,9 +61,10 @@ def parse_count(text: str, flag: str, most: float, unit: str = "tokens") -> int:
     Raises:
         PlanError: as `parse_tokens`, or not a whole number, or more than ``most``.
     """
-    value = parse_tokens(text, flag)
+    value = parse_tokens(text, flag, "token count" if unit == "tokens" else
+                         f"count of {unit}")
     if not value.is_integer():
-        raise PlanError(f"{flag}={text!r} is not a whole number; give e.g. {math.ceil(value)}")
+        raise PlanError(f"{flag}={text!r} is not a whole number; give e.g. {math.floor(value)}")
     if value > most:
         raise PlanError(f"{flag}={text!r} is more than {most:.3g} {unit} per step, beyond any "
                         f"training run "

@@ -28,7 +28,7 @@ import networkx as nx
 import yaml
 
 from planner.precision import CPU_DTYPE, check_default_dtype
-from planner.spec import PlanError, require_bool
+from planner.spec import PlanError, did_you_mean, require_bool
 from planner.userfile import read_yaml
 from simulator import PRESET_DIR
 from simulator.network.cluster_keys import check_cluster_keys
@@ -499,8 +499,9 @@ def load_cluster(name_or_path: str, nodes: int | None = None, ranks: int | None 
     else:
         path = Path(name_or_path)
         if not path.exists():
-            raise PlanError(f"cluster={name_or_path!r} is neither a preset ({cluster_names()}) "
-                            f"nor an existing YAML file")
+            guess = did_you_mean(name_or_path.lower().replace("_", "-"), cluster_names())
+            raise PlanError(f"cluster={name_or_path!r} is neither a preset{guess} "
+                            f"({cluster_names()}) nor an existing YAML file")
         name, spec = path.stem, read_yaml(path, "cluster")
     return cluster_from_spec(name, spec, nodes=nodes, ranks=ranks, profile=profile,
                              cpu_profile=cpu_profile,

@@ -208,7 +208,20 @@ def rank_order(schedule: str, pp: int, m: int, rank: int, v: int = 1) -> list[St
 def rank_peak_in_flight(schedule: str, pp: int, m: int, rank: int, v: int = 1) -> int:
     """`peak_in_flight` of `rank_order`, memoised: a search asks it of the same (schedule,
     pp, m, rank, v) for every plan that differs only in tp, dp, recomputation or ZeRO, and
-    building the order is O(m·v) steps."""
+    building the order is O(m·v) steps. The peak is reached in the warm-up, which no
+    zero-bubble order makes longer than 2·pp·v chunk passes (ZB-H2's 2·pp − 1 micro-batches
+    is the longest), so past `PEAK_SATURATES` · pp micro-batches it is that count's peak
+    (tests/simulator/test_zero_bubble.py checks it against the whole order)."""
+    return _peak(schedule, pp, min(m, PEAK_SATURATES * pp), rank, v)
+
+
+#: Micro-batches per pipeline rank past which a zero-bubble order's activation peak no longer
+#: grows (`rank_peak_in_flight`).
+PEAK_SATURATES = 8
+
+
+@lru_cache(maxsize=65536)
+def _peak(schedule: str, pp: int, m: int, rank: int, v: int) -> int:
     return peak_in_flight(rank_order(schedule, pp, m, rank, v))
 
 

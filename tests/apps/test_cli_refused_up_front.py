@@ -93,3 +93,72 @@ def test_a_missing_switch_radix_says_where_the_fields_are(tmp_path, capsys):
     assert main(["topo", str(path)]) == 2
     assert ("cluster 'mini' is missing field fabric.switch_radix; add it (every field of a "
             "cluster file is in docs/clusters.md, Format)") in _err(capsys)
+
+
+def test_help_lists_every_cluster_preset():
+    # `--help` imports no simulator, so the list is written out: it must be the presets'
+    from apps.format import CLUSTER_PRESETS
+    from simulator.network.cluster import cluster_names
+    assert sorted(CLUSTER_PRESETS) == sorted(cluster_names())
+
+
+@pytest.mark.parametrize("argv, message", [
+    # 1M sequences of 8192 tokens = 8.4e9 tokens, past the 1e9 bound (60x Llama 3's 16M)
+    (PLAN + ["--global-batch", "1M"], "--global-batch='1M' is more than 1.22e+05 sequences"),
+    (PLAN + ["--global-batch", "0"], "--global-batch='0' must be a positive count of "
+                                     "sequences of 8192 tokens such as 512"),
+    # a CPU has only an fp32 peak: the fix names fp32, not the refused bf16
+    (["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--ranks", "2", "--dtype",
+      "bf16"], "dtype=bf16: localhost-cpu-core has no bf16 peak FLOP/s; it runs fp32; use "
+               "--dtype fp32"),
+    (["topo", "dgx-h100", "--draw-nodes", "4"],
+     "--draw-nodes 4 has no effect without --png FILE"),
+    (["plan", "--model", "llama3-8B", "--cluster", "dgx-h100"],
+     "model='llama3-8B' is neither a preset (did you mean 'llama3-8b'?)"),
+    (["plan", "--model", "llama3-8b", "--cluster", "dgx_h100"],
+     "cluster='dgx_h100' is neither a preset (did you mean 'dgx-h100'?)"),
+    (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--globl-batch", "8"],
+     "unrecognized arguments: --globl-batch 8 (did you mean '--global-batch'?)"),
+    # a flag is its whole name: argparse would otherwise run --dev 8 as --devices 8
+    (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--dev", "8"],
+     "unrecognized arguments: --dev 8"),
+])
+def test_more_input_refused_before_any_work(capsys, argv, message):
+    try:
+        code = main(argv)
+    except SystemExit as exc:      # argparse's own errors exit through the parser
+        code = exc.code
+    assert code == 2
+    err = _err(capsys)
+    assert err.startswith("error: ") and message in err
+
+
+def test_a_huge_batch_answers_from_the_closed_form(capsys):
+    # 16,384 sequences on 16 GPUs: 1,024 micro-batches a step at mb=1, past the SimPy tier's
+    # 256, so those plans keep their closed-form estimate instead of a minute of SimPy
+    from planner.search import MAX_SIMULATED_MICROBATCHES
+    assert MAX_SIMULATED_MICROBATCHES == 256
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
+                 "--global-batch", "16384", "--top-k", "2", "--json"]) == 0
+
+
+def test_no_plan_on_one_nvl72_rack_names_the_batch_fix(capsys):
+    # 512 sequences do not split over 72 GPUs, and tp must divide llama3-8b's 32 heads
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--nodes",
+                 "1"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "give --global-batch 504 (a multiple of 72) or --devices 64" in out
+
+
+def test_a_plan_file_error_names_the_file_and_the_section(tmp_path, capsys):
+    plan = tmp_path / "p.yaml"
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "localhost-cpu", "--top-k", "1",
+                 "--out", str(plan)]) == 0
+    text = plan.read_text()
+    import re
+    # tiny-gpt: 4 heads (planner/presets), so tp=3 cannot split them
+    plan.write_text(re.sub(r"(?m)^  tp: \d+$", "  tp: 3", text))
+    capsys.readouterr()
+    assert main(["simulate", str(plan)]) == 2
+    err = _err(capsys)
+    assert f"plan file {plan}, plan: tp=3 does not divide num_heads=4" in err

@@ -132,7 +132,7 @@ def test_validate_flags_without_effect_are_refused(capsys, flags, message):
      "error: --global-batch-tokens=4M (4000000 tokens) must be a multiple of seq_len=8192; "
      "e.g. 3997696 (488 sequences)"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "1e30"],
-     "error: --global-batch='1e30' is more than 1.22e+08 sequences of 8192 tokens per step"),
+     "error: --global-batch='1e30' is more than 1.22e+05 sequences of 8192 tokens per step"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "2.5"],
      "error: --global-batch='2.5' is not a whole number"),
     # the default llama3-8b batch: 4M tokens / 8192 = 512 sequences of 8192 tokens

@@ -49,8 +49,11 @@ def test_device_peak_names_missing_dtype():
 
 
 def test_unknown_cluster_names_the_choices():
-    with pytest.raises(PlanError, match=r"cluster='dgx-x900' is neither a preset \(\['dgx-a100'"):
+    with pytest.raises(PlanError, match=r"cluster='dgx-x900' is neither a preset .*\(\['dgx-a100'"):
         load_cluster("dgx-x900")
+    # a preset name with the wrong case or separator gets the preset it means
+    with pytest.raises(PlanError, match=r"neither a preset \(did you mean 'dgx-h100'\?\)"):
+        load_cluster("DGX_H100")
 
 
 @pytest.mark.parametrize("nodes", [0, -2, 1.5, True])

@@ -190,3 +190,17 @@ def test_the_memoised_peak_is_the_peak_of_the_order():
         for rank in range(4):
             assert rank_peak_in_flight(schedule, 4, 8, rank, v) == \
                 peak_in_flight(rank_order(schedule, 4, 8, rank, v))
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2", "interleaved-zb", "zb-v", "dualpipe-v"])
+def test_the_activation_peak_stops_growing_after_the_warm_up(schedule):
+    # the peak of the whole order, built for every m up to 3x the cap, is the cap's: the
+    # warm-up (at most 2*pp - 1 micro-batches, ZB-H2) is over long before 8*pp
+    from simulator.step.zb_orders import PEAK_SATURATES, _peak, rank_peak_in_flight
+    v = {"zb-h1": 1, "zb-h2": 1, "zb-v": 2, "dualpipe-v": 2}.get(schedule, 2)
+    for pp in (2, 4):
+        cap = PEAK_SATURATES * pp
+        for rank in range(pp):
+            for m in range(cap, 3 * cap + 1, pp):
+                assert _peak(schedule, pp, m, rank, v) == rank_peak_in_flight(
+                    schedule, pp, m, rank, v), (pp, rank, m)
