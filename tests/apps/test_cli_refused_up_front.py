@@ -93,3 +93,18 @@ def test_a_missing_switch_radix_says_where_the_fields_are(tmp_path, capsys):
     assert main(["topo", str(path)]) == 2
     assert ("cluster 'mini' is missing field fabric.switch_radix; add it (every field of a "
             "cluster file is in docs/clusters.md, Format)") in _err(capsys)
+
+
+@pytest.mark.parametrize("command", [["topo", "{path}"],
+                                     ["plan", "--model", "llama3-8b", "--cluster", "{path}"]])
+def test_a_default_dtype_the_device_cannot_run_is_refused_at_load(tmp_path, capsys, command):
+    # H100 (Hopper) has FP8 tensor cores but neither MX block scaling nor FP4 (Blackwell's):
+    # the file's key is to blame, not a --dtype nobody gave
+    path = tmp_path / "mini.yaml"
+    path.write_text("kind: gpu\nnode_type: dgx-h100\nnodes: 2\ndefault_dtype: nvfp4\n"
+                    "fabric: {switch_radix: 64}\n")
+    assert main([a.format(path=path) for a in command]) == 2
+    assert _err(capsys) == (
+        "error: cluster 'mini': default_dtype=nvfp4: h100-sxm-80gb has no FP4 tensor cores "
+        "(Blackwell); it runs bf16, fp8, fp8-current; use default_dtype: fp8-current or a "
+        "device that has them")
