@@ -518,6 +518,8 @@ def cluster_from_spec(name: str, spec: object, *, nodes: int | None = None,
     """
     kind = spec.get("kind") if isinstance(spec, dict) else None
     builders = {"gpu": _gpu_cluster, "localhost": _localhost_cluster}
+    if isinstance(spec, dict) and "kind" not in spec:
+        raise PlanError(f"cluster {name!r} is missing field kind; add kind: gpu (or localhost)")
     if kind not in builders:
         raise PlanError(f"cluster {name!r} has kind={kind!r}; use one of {sorted(builders)}")
     check_cluster_keys(name, spec)

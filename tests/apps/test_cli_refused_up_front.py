@@ -108,3 +108,10 @@ def test_a_default_dtype_the_device_cannot_run_is_refused_at_load(tmp_path, caps
         "error: cluster 'mini': default_dtype=nvfp4: h100-sxm-80gb has no FP4 tensor cores "
         "(Blackwell); it runs bf16, fp8, fp8-current; use default_dtype: fp8-current or a "
         "device that has them")
+
+
+def test_a_cluster_file_without_kind_says_the_field_is_missing(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("node_type: dgx-h100\nnodes: 2\nfabric: {switch_radix: 64}\n")
+    assert main(["topo", str(path)]) == 2
+    assert _err(capsys) == "error: cluster 'bad' is missing field kind; add kind: gpu (or localhost)"
