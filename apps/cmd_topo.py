@@ -145,6 +145,20 @@ def cmd_collective(args: argparse.Namespace) -> int:
     return 0
 
 
+def _idle_oversubscription(info: dict) -> str:
+    """A note when the summary's oversubscription changes nothing: every node sits under one
+    leaf (one per rail), so no traffic takes a leaf's uplinks (on a fat-tree not even with
+    spines; a rail-optimised fabric with spines still sends cross-rail traffic up)."""
+    nodes, rail = info["nodes"], info["topology"] == "rail-optimized"
+    if info["oversubscription"] == 1 or nodes > info["nodes_per_leaf"] \
+            or (rail and info["tiers"] > 1):
+        return ""
+    if nodes == 1:
+        return " (no effect: one node)"
+    return (f" (no effect: one leaf{' per rail' if rail else ''} holds all {nodes} nodes; "
+            f"give nodes_per_leaf below {nodes} to spread them)")
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     from rich.console import Console  # here, not at import: `--help` stays fast
 
@@ -209,7 +223,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
                   ("fabric", f"{info['topology']}{_default('topology')}, {info['tiers']} "
                    f"tier(s), radix {info['switch_radix']}, {info['nodes_per_leaf']} nodes "
                    f"per leaf, oversubscription {info['oversubscription']:g}:1"
-                   f"{_default('oversubscription')}")]
+                   f"{_default('oversubscription')}{_idle_oversubscription(info)}")]
     lines += [("switches", ", ".join(f"{v} {k}" for k, v in info["switches"].items())),
               ("links", f"{info['links']}"),
               ("bisection", f"{info['bisection_bandwidth_Bps'] / 1e9:,.1f} GB/s per "

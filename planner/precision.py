@@ -113,16 +113,23 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 CPU_DTYPE = "fp32"
 
 
-def check_default_dtype(value: object, cluster: str) -> str:
-    """A cluster file's ``default_dtype``: one of `DTYPES`, the ``--dtype`` choices.
+def check_default_dtype(value: object, cluster: str, device_name: str,
+                        peak_flops: Mapping[str, float]) -> str:
+    """A cluster file's ``default_dtype``: one of `DTYPES`, the ``--dtype`` choices, that the
+    cluster's device runs (`unsupported_dtype_reason`, the rule a search applies), so that a
+    plan never blames a ``--dtype`` nobody gave.
 
     Raises:
-        PlanError: any other value, naming the field and the accepted ones.
+        PlanError: any other value, naming the field, the reason and the accepted ones.
     """
     if value not in DTYPES:
         raise PlanError(f"cluster {cluster!r}: default_dtype={value!r} is not one of "
                         f"{', '.join(DTYPES)}{did_you_mean(str(value), DTYPES)} (the --dtype "
                         f"choices)")
+    reason = unsupported_dtype_reason(value, device_name, peak_flops, field="default_dtype",
+                                      use="default_dtype: ")
+    if reason:
+        raise PlanError(f"cluster {cluster!r}: {reason}")
     return value
 #: Forward ops of a block that run in the recipe's format (`simulator.step.compute` names).
 LINEAR_GEMMS = ("qkv", "out-proj", "mlp-up", "mlp-down")
@@ -166,10 +173,11 @@ def gemm_peak_key(dtype: str) -> str:
     return r.peak_key if r else dtype
 
 
-def unsupported_dtype_reason(dtype: str, device_name: str,
-                             peak_flops: Mapping[str, float]) -> str | None:
+def unsupported_dtype_reason(dtype: str, device_name: str, peak_flops: Mapping[str, float],
+                             *, field: str = "dtype", use: str = "--dtype ") -> str | None:
     """Why a device cannot train in ``dtype`` (it has no peak for the recipe's format), or
-    None when it can.
+    None when it can; ``field`` names where the dtype came from and ``use`` how to give
+    another (a cluster file's ``default_dtype: `` rather than the flag).
 
     >>> unsupported_dtype_reason("fp8", "a100-sxm-80gb", {"bf16": 3.12e14})[:44]
     'dtype=fp8: a100-sxm-80gb has no FP8 tensor c'
@@ -183,8 +191,8 @@ def unsupported_dtype_reason(dtype: str, device_name: str,
     runs = [d for d in PLAN_DTYPES if gemm_peak_key(d) in peak_flops] or sorted(peak_flops)
     need = r.needs if r else f"{dtype} peak FLOP/s"
     # the suggestion is a dtype the device runs (a CPU has only fp32), never the refused one
-    return (f"dtype={dtype}: {device_name} has no {need}; it runs {', '.join(runs)}; use "
-            f"--dtype {runs[-1]} or a device that has them")
+    return (f"{field}={dtype}: {device_name} has no {need}; it runs {', '.join(runs)}; use "
+            f"{use}{runs[-1]} or a device that has them")
 
 
 def search_dtypes(dtype: str, device_name: str, peak_flops: Mapping[str, float]) -> list[str]:

@@ -415,7 +415,8 @@ def _gpu_cluster(name: str, spec: dict, nodes: int | None, ranks: int | None,
                transport.get("source", "")]
     return Cluster(name=name, graph=build_gpu_graph(fab, intra), device=device,
                    num_nodes=nodes, devices_per_node=per_node,
-                   default_dtype=check_default_dtype(spec.get("default_dtype", "bf16"), name),
+                   default_dtype=check_default_dtype(spec.get("default_dtype", "bf16"), name,
+                                                     device.name, device.peak_flops),
                    nics_per_node=nics, nodes_per_leaf=fab.nodes_per_leaf,
                    oversubscription=fab.oversubscription, node_type=node_type,
                    intra_kind=intra["kind"], intra_bandwidth_Bps=float(intra["bandwidth_Bps"]),
@@ -458,10 +459,10 @@ def _localhost_cluster(name: str, spec: dict, nodes: int | None, ranks: int | No
     source = f"{spec['source']}; {ranks} ranks on {cores} cores"
     if calibrated is not None:
         source = f"calibrated profile {calibrated.name}; {ranks} ranks on {cores} cores"
-    return Cluster(name=name, graph=g, device=profile or (calibrated.device if calibrated
-                                                          else load_device(spec["device"])),
-                   num_nodes=1, devices_per_node=ranks,
-                   default_dtype=check_default_dtype(spec.get("default_dtype", CPU_DTYPE), name),
+    device = profile or (calibrated.device if calibrated else load_device(spec["device"]))
+    return Cluster(name=name, graph=g, device=device, num_nodes=1, devices_per_node=ranks,
+                   default_dtype=check_default_dtype(spec.get("default_dtype", CPU_DTYPE), name,
+                                                     device.name, device.peak_flops),
                    compute_share=min(1.0, cores / ranks),
                    collective_latency_s=spec["collective"]["latency_s"] * lat_scale,
                    collective_bandwidth_Bps=spec["collective"]["bandwidth_Bps"] / bw_scale,
@@ -518,6 +519,8 @@ def cluster_from_spec(name: str, spec: object, *, nodes: int | None = None,
     """
     kind = spec.get("kind") if isinstance(spec, dict) else None
     builders = {"gpu": _gpu_cluster, "localhost": _localhost_cluster}
+    if isinstance(spec, dict) and "kind" not in spec:
+        raise PlanError(f"cluster {name!r} is missing field kind; add kind: gpu (or localhost)")
     if kind not in builders:
         raise PlanError(f"cluster {name!r} has kind={kind!r}; use one of {sorted(builders)}")
     check_cluster_keys(name, spec)

@@ -10,9 +10,11 @@ SUs into pods under radix/2-port spine layers, joined by a core layer.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import networkx as nx
+import yaml
 
 from planner.spec import PlanError
 
@@ -45,22 +47,60 @@ def check_positive(name: str, value: object, cluster: str, *, zero_ok: bool = Fa
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
             or (value == 0 and not zero_ok) or not math.isfinite(value):
-        # YAML 1.1 reads 25e9 (no dot, no exponent sign) as the string '25e9'
-        hint = ""
-        if isinstance(value, str):
-            try:
-                hint = f" (write {float(value):.1e}, not {value}, in YAML)"
-            except ValueError:
-                pass
         kind = "finite number" if isinstance(value, float) and not math.isfinite(value) \
             else "number"
         raise PlanError(f"{name}={value!r} must be a {kind} {'>= 0' if zero_ok else '> 0'} "
-                        f"for cluster {cluster!r}{hint}")
-    for suffix, (most, text) in UPPER_BOUNDS.items():
-        if name.endswith(suffix) and value > most:
-            raise PlanError(f"{name}={value!r} for cluster {cluster!r} is beyond any real "
-                            f"hardware (at most {text}); check the unit and the exponent")
+                        f"for cluster {cluster!r}"
+                        f"{_string_hint(name, value) if isinstance(value, str) else ''}")
+    beyond = _beyond(name, value)
+    if beyond:
+        raise PlanError(f"{name}={value!r} for cluster {cluster!r} is beyond any real "
+                        f"hardware (at most {beyond[0]}); {beyond[1]}")
     return float(value)
+
+
+def _beyond(name: str, number: float) -> tuple[str, str] | None:
+    """None when ``number`` is within the bound of ``name``'s unit (`UPPER_BOUNDS`), else the
+    bound and a fix: a speed in Gb/s that reads as one in bits/s says so.
+
+    >>> _beyond("nic.speed_Gbps", 4e11)
+    ('16000 Gb/s', '4e+11 looks like bits/s: speed_Gbps is in Gb/s, e.g. 400')
+    """
+    for suffix, (most, text) in UPPER_BOUNDS.items():
+        if name.endswith(suffix) and number > most:
+            key = name.rsplit(".", 1)[-1]
+            if suffix == "_Gbps" and number / 1e9 <= most:
+                return text, (f"{number:g} looks like bits/s: {key} is in Gb/s, e.g. "
+                              f"{number / 1e9:g}")
+            return text, "check the unit and the exponent"
+    return None
+
+
+def _string_hint(name: str, text: str) -> str:
+    """The fix of a number a cluster file gives as a string: quoted (``"400"``: unquote it),
+    or an exponent YAML 1.1 does not read as a number (``25e9``, ``4.0e11``: a dot and a
+    signed exponent); '' for text that is no number.
+
+    >>> _string_hint("nic.speed_Gbps", "400"), _string_hint("nic.bandwidth_Bps", "25e9")
+    (' (unquote it: write 400, not "400")', ' (YAML reads 25e9 as a string: write 25.0e+9)')
+    """
+    try:
+        number = float(text)
+    except ValueError:
+        return ""
+    if not math.isfinite(number) or number < 0:
+        return ""
+    beyond = _beyond(name, number)
+    quoted = isinstance(yaml.safe_load(text), (int, float))
+    if beyond:
+        how = "quoted" if quoted else "read by YAML as a string"
+        return (f" ({text} is {how}, and as a number beyond any real hardware, at most "
+                f"{beyond[0]}; {beyond[1]})")
+    if quoted:
+        return f' (unquote it: write {text}, not "{text}")'
+    m = re.fullmatch(r"\s*([-+]?\d+)(?:\.(\d*))?[eE]([-+]?)(\d+)\s*", text)
+    form = f"{m[1]}.{m[2] or 0}e{m[3] or '+'}{m[4]}" if m else repr(number)
+    return f" (YAML reads {text} as a string: write {form})"
 
 
 def mapping_field(spec: dict, key: str, cluster: str) -> dict:

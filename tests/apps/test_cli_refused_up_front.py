@@ -162,3 +162,53 @@ def test_a_plan_file_error_names_the_file_and_the_section(tmp_path, capsys):
     assert main(["simulate", str(plan)]) == 2
     err = _err(capsys)
     assert f"plan file {plan}, plan: tp=3 does not divide num_heads=4" in err
+
+
+@pytest.mark.parametrize("command", [["topo", "{path}"],
+                                     ["plan", "--model", "llama3-8b", "--cluster", "{path}"]])
+def test_a_default_dtype_the_device_cannot_run_is_refused_at_load(tmp_path, capsys, command):
+    # H100 (Hopper) has FP8 tensor cores but neither MX block scaling nor FP4 (Blackwell's):
+    # the file's key is to blame, not a --dtype nobody gave
+    path = tmp_path / "mini.yaml"
+    path.write_text("kind: gpu\nnode_type: dgx-h100\nnodes: 2\ndefault_dtype: nvfp4\n"
+                    "fabric: {switch_radix: 64}\n")
+    assert main([a.format(path=path) for a in command]) == 2
+    assert _err(capsys) == (
+        "error: cluster 'mini': default_dtype=nvfp4: h100-sxm-80gb has no FP4 tensor cores "
+        "(Blackwell); it runs bf16, fp8, fp8-current; use default_dtype: fp8-current or a "
+        "device that has them")
+
+
+def test_a_cluster_file_without_kind_says_the_field_is_missing(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("node_type: dgx-h100\nnodes: 2\nfabric: {switch_radix: 64}\n")
+    assert main(["topo", str(path)]) == 2
+    assert _err(capsys) == "error: cluster 'bad' is missing field kind; add kind: gpu (or localhost)"
+
+
+def test_topo_says_when_the_oversubscription_changes_nothing(tmp_path, capsys):
+    from apps.cmd_topo import collective_rows
+    from simulator.network.cluster import load_cluster
+    spec = ("kind: gpu\nnode_type: dgx-h100\nnodes: 16\n"
+            "nic: {{per_node: 2, speed_Gbps: 400, transport: roce}}\n"
+            "fabric: {{topology: fat-tree, switch_radix: 64, oversubscription: {over}{extra}}}\n")
+    path = tmp_path / "mini.yaml"
+    times = []
+    for over in ("1.0", "2.0"):
+        # 64 ports at 2:1: 42 down = 21 nodes of 2 NICs, so one leaf holds all 16
+        path.write_text(spec.format(over=over, extra=""))
+        times.append(collective_rows(load_cluster(str(path)), "all_reduce", [2**30],
+                                     None)[0]["time_s"])
+    assert times[0] == times[1]
+    assert main(["topo", str(path)]) == 0
+    assert ("fat-tree, 1 tier(s), radix 64, 21 nodes per leaf, oversubscription 2:1 (no "
+            "effect: one leaf holds all 16 nodes; give nodes_per_leaf below 16 to spread "
+            "them)") in _out(capsys)
+    path.write_text(spec.format(over="2.0", extra=", nodes_per_leaf: 8"))
+    assert main(["topo", str(path)]) == 0
+    out = _out(capsys)
+    assert "oversubscription 2:1 switches" in out and "no effect" not in out
+
+
+def _out(capsys) -> str:
+    return " ".join(capsys.readouterr().out.split())

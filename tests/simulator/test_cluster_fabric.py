@@ -173,3 +173,32 @@ def test_a_leaf_that_fits_its_switch_builds():
             "fabric": {"topology": "fat-tree", "switch_radix": 64, "nodes_per_leaf": 7}}
     cluster = cluster_from_spec("mine", spec)
     assert cluster.nodes_per_leaf == 7 and cluster.tiers == 2
+
+
+@pytest.mark.parametrize("speed, hint", [
+    # a quoted number: PyYAML would read 400 unquoted, so the fix is to drop the quotes
+    ('"400"', '(unquote it: write 400, not "400")'),
+    # no dot: PyYAML reads 400e9 as a string, and 4e11 Gb/s is 400 Gb/s in bits/s
+    ("400e9", "(400e9 is read by YAML as a string, and as a number beyond any real hardware, "
+              "at most 16000 Gb/s; 4e+11 looks like bits/s: speed_Gbps is in Gb/s, e.g. 400)"),
+])
+def test_a_nic_speed_written_as_a_string_gets_the_right_fix(tmp_path, speed, hint):
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"kind: gpu\nnode_type: dgx-h100\nnic: {{speed_Gbps: {speed}}}\n"
+                    f"fabric: {{switch_radix: 64}}\n")
+    with pytest.raises(PlanError) as exc:
+        load_cluster(str(path))
+    value = speed.strip('"')
+    assert str(exc.value) == f"nic.speed_Gbps='{value}' must be a number > 0 for cluster " \
+                             f"'mine' {hint}"
+
+
+def test_a_nic_speed_in_bits_per_second_says_the_unit(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("kind: gpu\nnode_type: dgx-h100\nnic: {speed_Gbps: 4.0e+11}\n"
+                    "fabric: {switch_radix: 64}\n")
+    with pytest.raises(PlanError) as exc:
+        load_cluster(str(path))
+    assert str(exc.value) == ("nic.speed_Gbps=400000000000.0 for cluster 'mine' is beyond any "
+                              "real hardware (at most 16000 Gb/s); 4e+11 looks like bits/s: "
+                              "speed_Gbps is in Gb/s, e.g. 400")
