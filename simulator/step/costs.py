@@ -43,6 +43,7 @@ from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
     boundary_send_time_s,
     collective_time_s,
+    identity_memo,
     memo_enabled,
     p2p_time_on_cluster_s,
 )
@@ -579,6 +580,33 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     check_cluster(plan, cluster)
     if cluster.cpu_profile is not None:      # calibrated CPU (cp plans too): no bound
         return 0.0, 0.0
+    fill, work = _bound_terms(model, plan, cluster, options)
+    m, busiest = plan.num_microbatches, max(work)
+    busy = m * min(work)
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        if options.optimizer_post_validation:
+            return m * busiest, busy
+        return max(f + m * w for f, w in zip(fill, work, strict=True)), busy
+    return m * busiest + (sum(work) - busiest) / plan.virtual_stages, busy
+
+
+def _bound_terms(model: ModelSpec, plan: Plan, cluster: Cluster,
+                 options: SimOptions) -> tuple[list[float], list[float]]:
+    # (s_r, C_r) of `compute_lower_bounds_s` per pipeline rank. They depend on the plan
+    # through its block fields (`simulator.step.moe._BLOCK_FIELDS`), recomputation and chunk
+    # layout alone, not on dp, the micro-batch count, ZeRO or the placement: with the cost
+    # memo on, memoised on the cluster per (model, options) object (kept with the entry).
+    if not memo_enabled():
+        return _fresh_bound_terms(model, plan, cluster, options)
+    key = (id(model), id(options), plan.micro_batch, plan.tp, plan.sequence_parallel,
+           plan.dtype, plan.cp, plan.ep, plan.etp, plan.recompute, plan.pp,
+           plan.virtual_stages, plan.schedule, plan.stage_layers)
+    return identity_memo(cluster._links.setdefault("bounds", {}), key, (model, options),
+                         lambda: _fresh_bound_terms(model, plan, cluster, options))
+
+
+def _fresh_bound_terms(model: ModelSpec, plan: Plan, cluster: Cluster,
+                       options: SimOptions) -> tuple[list[float], list[float]]:
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     chunks = plan.layers_per_stage(model)
     pp, work, seen = plan.pp, [0.0] * plan.pp, {}
@@ -599,13 +627,7 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
             fill[g] = forwards
         forwards += seen[key][0]
         work[chunk_rank(plan.schedule, pp, g)] += seen[key][1]
-    m, busiest = plan.num_microbatches, max(work)
-    busy = m * min(work)
-    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
-        if options.optimizer_post_validation:
-            return m * busiest, busy
-        return max(f + m * w for f, w in zip(fill, work, strict=True)), busy
-    return m * busiest + (sum(work) - busiest) / plan.virtual_stages, busy
+    return fill, work
 
 
 def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:
