@@ -206,14 +206,24 @@ def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int,
                            chunks: list[int] | tuple[int, ...] | None = None) -> float:
     # Embedding output on the first stage (2sbh, Korthikanti §4.3); final norm input plus fp32
     # logits (4·s·b·V / tp) on the last. ``chunks``: the stage's `rank_chunks`, if known.
+    chunks = rank_chunks(plan, stage) if chunks is None else chunks
+    return _edge_sum(_edge_terms(model, plan), 0 in chunks,
+                     plan.pp * plan.virtual_stages - 1 in chunks)
+
+
+def _edge_terms(model: ModelSpec, plan: Plan) -> tuple[float, float]:
+    # (first chunk's, last chunk's) extra activation bytes of `_edge_activation_bytes`.
     s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
+    return 2 * s * b * h * scale, 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
+
+
+def _edge_sum(terms: tuple[float, float], first: bool, last: bool) -> float:
     extra = 0.0
-    chunks = rank_chunks(plan, stage) if chunks is None else chunks
-    if 0 in chunks:
-        extra += 2 * s * b * h * scale
-    if plan.pp * plan.virtual_stages - 1 in chunks:
-        extra += 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
+    if first:
+        extra += terms[0]
+    if last:
+        extra += terms[1]
     return extra
 
 
@@ -366,11 +376,11 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
                                   activations_bytes=a, overhead_bytes=overhead_bytes)
 
 
-#: `_stage_layout` entries while the cost memo is on (`identity_memo`).
+#: `stage_layout` entries while the cost memo is on (`identity_memo`).
 _LAYOUTS: dict[tuple, tuple] = {}
 
 
-def _stage_layout(model: ModelSpec, plan: Plan) -> tuple[tuple, ...]:
+def stage_layout(model: ModelSpec, plan: Plan) -> tuple[tuple, ...]:
     """Per pipeline stage: ``(non-expert params, expert params, chunks held, blocks held,
     MoE blocks held)`` (`stage_param_splits`, `planner.mesh.chunk_rank`,
     `simulator.step.moe.stage_expert_blocks`), which depend on the plan through its chunk
@@ -416,7 +426,7 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     d = DTYPE_BYTES[plan.dtype]
     per_layer = layer_activation_bytes(model, plan, attention) \
         - lowp_activation_saving(model, plan)
-    layout = _stage_layout(model, plan)
+    layout = stage_layout(model, plan)
     moe = model.is_moe
     z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
@@ -446,22 +456,21 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
         mine_per_block = (_linear_params(model) - routed) / plan.tp
         local_per_block = expert_params_per_block(model, plan)
     in_flight = _in_flight(plan)
+    edges, last_chunk = _edge_terms(model, plan), plan.pp * plan.virtual_stages - 1
+    # held bytes of both parameter groups, each sharded over its own group under ZeRO from
+    # stage 3 (weights), 2 (gradients), 1 (optimizer states)
+    s3, s2, s1 = (shard if z >= k else 1 for k in (3, 2, 1))
+    e3, e2, e1 = (eshard if z >= k else 1 for k in (3, 2, 1))
     for stage in range(plan.pp) if stages is None else stages:
-        params, experts, held_chunks, layers, n_moe = layout[stage]
-        acts = per_layer * layers + _edge_activation_bytes(model, plan, stage, held_chunks)
+        p, e, held_chunks, layers, n_moe = layout[stage]
+        acts = per_layer * layers + _edge_sum(edges, 0 in held_chunks,
+                                              last_chunk in held_chunks)
         if moe:
             acts += n_moe * delta - (layers - n_moe) * save_dense - n_moe * save_moe
-
-        def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
-            # bytes of both parameter groups, each sharded over its own group under ZeRO
-            return p * per_param / (shard if z >= from_stage else 1) \
-                + e * per_param / (eshard if z >= from_stage else 1)
-
-        if moe:
             mine = mine_per_block * layers
             local = n_moe * local_per_block
-            cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
+            cached = wc * (mine / s3 + local / e3)
         else:
-            cached = linear * layers * wc / (shard if z >= 3 else 1)
-        yield stage, (held(d, 3) + gathered + cached, held(g, 2), held(o, 1),
-                      acts * in_flight(stage))
+            cached = linear * layers * wc / s3
+        yield stage, (p * d / s3 + e * d / e3 + gathered + cached, p * g / s2 + e * g / e2,
+                      p * o / s1 + e * o / e1, acts * in_flight(stage))

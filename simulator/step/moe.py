@@ -559,6 +559,25 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
                                 cp_attention, recompute_modules)
     if n_moe == 0 or (plan.ep == 1 and plan.etp == 1):
         return mean, 0.0, 0.0
+    fwd, bwd = block_a2a_exposed_s(model, plan, cluster, stage, attention, device, eff,
+                                   imbalance=imbalance, dispatcher=dispatcher, overlap=overlap,
+                                   cp_attention=cp_attention,
+                                   recompute_modules=recompute_modules)
+    share = n_moe / plan.layers_per_stage(model)[chunk]
+    return mean, fwd * share, bwd * share
+
+
+def block_a2a_exposed_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
+                        attention: Attention, device: DeviceProfile, eff: Efficiency, *,
+                        imbalance: float = 1.0, dispatcher: str = "alltoall",
+                        overlap: bool = False, cp_attention: CpAttention = "ring",
+                        recompute_modules: tuple[str, ...] | None = None
+                        ) -> tuple[float, float]:
+    """(forward, backward) exposed all-to-all seconds of one MoE block on pipeline rank
+    ``stage``, one micro-batch, as `chunk_moe_terms` counts them (its per-block figures
+    before the average over the chunk's blocks)."""
+    if plan.ep == 1 and plan.etp == 1:
+        return 0.0, 0.0
     a2a = dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
     again = plan.recompute == "full" or (plan.recompute == "selective"
                                          and "moe" in (recompute_modules or ()))
@@ -567,8 +586,7 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
         block = block_compute(model, plan, attention, device, eff, True, imbalance,
                               cp_attention, recompute_modules)
         fwd, bwd = max(0.0, fwd - block.fwd_s), max(0.0, bwd - block.bwd_s)
-    share = n_moe / plan.layers_per_stage(model)[chunk]
-    return mean, fwd * share, bwd * share
+    return fwd, bwd
 
 
 def stage_expert_blocks(model: ModelSpec, plan: Plan, stage: int) -> int:
