@@ -62,7 +62,9 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+@lru_cache(maxsize=None)
 def _choices(literal: object) -> tuple:
+    # Cached: every plan checks its schedule, recomputation, ZeRO stage and dtype.
     return get_args(literal)
 
 
@@ -114,9 +116,13 @@ def require_bool(name: str, value: object, where: str = "") -> bool:
 
 def _require_bool_fields(obj: object) -> None:
     # every field the dataclass declares as bool (annotations are strings here)
-    for f in dataclasses.fields(obj):
-        if f.type == "bool":
-            require_bool(f.name, getattr(obj, f.name))
+    for name in _bool_fields(type(obj)):
+        require_bool(name, getattr(obj, name))
+
+
+@lru_cache(maxsize=None)
+def _bool_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type == "bool")
 
 
 def _require_choice(obj: object, name: str, literal: object) -> None:
