@@ -62,10 +62,17 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-@lru_cache(maxsize=None)
+#: `_choices` by the id of the Literal (kept with the entry and checked, so a reused id of
+#: a freed object never hits): hashing a Literal hashes its arguments on every call.
+_CHOICES: dict[int, tuple[object, tuple]] = {}
+
+
 def _choices(literal: object) -> tuple:
     # Cached: every plan checks its schedule, recomputation, ZeRO stage and dtype.
-    return get_args(literal)
+    hit = _CHOICES.get(id(literal))
+    if hit is None or hit[0] is not literal:
+        hit = _CHOICES[id(literal)] = (literal, get_args(literal))
+    return hit[1]
 
 
 def _require_positive_int(obj: object, *names: str) -> None:
