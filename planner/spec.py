@@ -62,8 +62,17 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+#: `_choices` by the id of the Literal (kept with the entry and checked, so a reused id of
+#: a freed object never hits): hashing a Literal hashes its arguments on every call.
+_CHOICES: dict[int, tuple[object, tuple]] = {}
+
+
 def _choices(literal: object) -> tuple:
-    return get_args(literal)
+    # Cached: every plan checks its schedule, recomputation, ZeRO stage and dtype.
+    hit = _CHOICES.get(id(literal))
+    if hit is None or hit[0] is not literal:
+        hit = _CHOICES[id(literal)] = (literal, get_args(literal))
+    return hit[1]
 
 
 def _require_positive_int(obj: object, *names: str) -> None:
@@ -114,9 +123,13 @@ def require_bool(name: str, value: object, where: str = "") -> bool:
 
 def _require_bool_fields(obj: object) -> None:
     # every field the dataclass declares as bool (annotations are strings here)
-    for f in dataclasses.fields(obj):
-        if f.type == "bool":
-            require_bool(f.name, getattr(obj, f.name))
+    for name in _bool_fields(type(obj)):
+        require_bool(name, getattr(obj, name))
+
+
+@lru_cache(maxsize=None)
+def _bool_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type == "bool")
 
 
 def _require_choice(obj: object, name: str, literal: object) -> None:

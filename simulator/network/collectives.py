@@ -23,7 +23,7 @@ sibling group), and each cost per (kind, bytes, layout class, algorithm), both o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -66,6 +66,30 @@ def cost_memo(enabled: bool) -> Iterator[None]:
 def memo_enabled() -> bool:
     """Whether `cost_memo` is on (the default)."""
     return _MEMO["on"]
+
+
+def identity_memo(store: dict, key: tuple, objects: tuple, compute: Callable[[], object],
+                  max_entries: int = 1 << 16):
+    """``compute()``, memoised in ``store`` under ``key``: a key that names objects by
+    ``id()`` lists them in ``objects``, kept with the entry and checked by identity on a hit
+    (so a reused id of a freed object never hits); ``store`` is cleared when it holds
+    ``max_entries`` entries.
+
+    >>> store, calls = {}, []
+    >>> a = [1]
+    >>> identity_memo(store, ("x", id(a)), (a,), lambda: calls.append(1) or len(calls))
+    1
+    >>> identity_memo(store, ("x", id(a)), (a,), lambda: calls.append(1) or len(calls))
+    1
+    """
+    hit = store.get(key)
+    if hit is not None and all(x is y for x, y in zip(hit[0], objects, strict=True)):
+        return hit[1]
+    if len(store) >= max_entries:
+        store.clear()
+    value = compute()
+    store[key] = (objects, value)
+    return value
 
 
 def ring_allreduce_time_s(size_bytes: float, n: int, bandwidth_Bps: float,

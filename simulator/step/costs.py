@@ -43,6 +43,7 @@ from simulator.network.cluster import Cluster
 from simulator.network.collectives import (
     boundary_send_time_s,
     collective_time_s,
+    identity_memo,
     memo_enabled,
     p2p_time_on_cluster_s,
 )
@@ -55,8 +56,18 @@ from simulator.step.compute import (
     with_attention_kernel,
 )
 from simulator.step.cpu_model import cpu_stage_costs
-from simulator.step.memory import optimizer_bytes_per_param, stage_param_split, stage_param_splits
-from simulator.step.moe import chunk_compute, chunk_moe_terms, zero3_layer_groups
+from simulator.step.memory import (
+    optimizer_bytes_per_param,
+    stage_layout,
+    stage_param_split,
+    stage_param_splits,
+)
+from simulator.step.moe import (
+    block_a2a_exposed_s,
+    chunk_compute,
+    chunk_moe_terms,
+    zero3_layer_groups,
+)
 from simulator.step.stagecosts import DEFAULT_OPTIONS, SimOptions, StageCosts
 from simulator.step.zero_bubble import split_backward
 
@@ -553,7 +564,8 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
                            options: SimOptions = DEFAULT_OPTIONS) -> tuple[float, float]:
     """Compute-only lower bounds ``(step_s, busy_s)`` of the closed form
     (`simulator.simulate.estimate`): of its step time, and of its critical rank's busy time
-    (``compute_s + comm_s``), in seconds; no communication is costed.
+    (``compute_s + comm_s``), in seconds; no communication is costed but an MoE model's
+    expert all-to-all (below).
 
     With C_r = the forward + backward compute of one micro-batch on pipeline rank r (its
     chunks, by `planner.mesh.chunk_rank`, summed): for GPipe / 1F1B / interleaved 1F1B
@@ -573,8 +585,15 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     chunks (its ``compute_s`` counts them all).
 
     MoE and MLA chunks take their blocks' compute as `stage_costs` does
-    (`simulator.step.moe.chunk_compute`, without the all-to-all). (0, 0) (no bound) on a
-    calibrated CPU cluster (measured tables).
+    (`simulator.step.moe.chunk_compute`). With expert parallelism (and no
+    ``options.recompute_modules``) C_r is at least D_r + n_r·(a_f + a_b), D_r the device
+    time of C_r (without the host-bound excess), n_r the MoE blocks of rank r and a_f, a_b
+    one block's exposed all-to-all forward and backward
+    (`simulator.step.moe.block_a2a_exposed_s`): a chunk's pass takes at least its device
+    time plus the communication its blocks expose, `_chunk_times`, whose other terms are
+    ≥ 0; not under DualPipe-V, whose overlapped pairs hide communication under compute
+    (`OVERLAPPED_PAIR_SCHEDULES`). (0, 0) (no bound) on a calibrated CPU cluster
+    (measured tables).
 
     Raises:
         PlanError: as `stage_costs`.
@@ -583,9 +602,72 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
     check_cluster(plan, cluster)
     if cluster.cpu_profile is not None:      # calibrated CPU (cp plans too): no bound
         return 0.0, 0.0
+    fill, work, dev_work = _bound_terms(model, plan, cluster, options)
+    if model.is_moe and (plan.ep > 1 or plan.etp > 1) and options.recompute_modules is None \
+            and plan.schedule not in OVERLAPPED_PAIR_SCHEDULES:
+        work = _with_moe_a2a(model, plan, cluster, options, work, dev_work)
+    m, busiest = plan.num_microbatches, max(work)
+    busy = m * min(work)
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        if options.optimizer_post_validation:
+            return m * busiest, busy
+        return max(f + m * w for f, w in zip(fill, work, strict=True)), busy
+    return m * busiest + (sum(work) - busiest) / plan.virtual_stages, busy
+
+
+#: Schedules whose orders overlap two ops' communication with their compute (DualPipe's
+#: F&B pairs, `simulator.step.zero_bubble.step_times`): their all-to-all need not show.
+OVERLAPPED_PAIR_SCHEDULES = ("dualpipe-v",)
+
+
+def _with_moe_a2a(model: ModelSpec, plan: Plan, cluster: Cluster, options: SimOptions,
+                  work: list[float], dev_work: list[float]) -> list[float]:
+    # C_r raised by the MoE all-to-all: a chunk's pass takes at least its device time plus
+    # its blocks' exposed all-to-all (`_chunk_times`: exposed comm ≥ device + layers × per-
+    # block comm − the pass, every other comm term ≥ 0), so rank r's micro-batch takes at
+    # least D_r + n_r·(a_f + a_b): D_r its chunks' device time, n_r its MoE blocks, a_f /
+    # a_b one block's exposed all-to-all (`simulator.step.moe.block_a2a_exposed_s`).
+    eff, dev, _, _ = _compute_setup(model, plan, cluster, options)
+    layout, chunks = stage_layout(model, plan), plan.layers_per_stage(model)
+    out = []
+    for r, (w, d) in enumerate(zip(work, dev_work, strict=True)):
+        n_moe = layout[r][4]
+        if n_moe:
+            # the least recomputed share of the rank's chunks keeps this a lower bound
+            full = min((plan.full_recompute_share(chunks[c]) for c in layout[r][2]),
+                       default=1.0)
+            a_f, a_b = block_a2a_exposed_s(
+                model, plan, cluster, r, options.attention, dev, eff,
+                imbalance=options.moe_imbalance, dispatcher=options.moe_dispatcher,
+                overlap=options.moe_a2a_overlap, cp_attention=options.cp_attention,
+                full_share=full)
+            w = max(w, d + n_moe * (a_f + a_b))
+        out.append(w)
+    return out
+
+
+def _bound_terms(model: ModelSpec, plan: Plan, cluster: Cluster,
+                 options: SimOptions) -> tuple[list[float], list[float], list[float]]:
+    # (s_r, C_r, D_r) of `compute_lower_bounds_s` per pipeline rank (D_r: the device
+    # time of C_r, without the host-bound excess, for `_with_moe_a2a`). They depend on the plan
+    # through its block fields (`simulator.step.moe._BLOCK_FIELDS`), recomputation and chunk
+    # layout alone, not on dp, the micro-batch count, ZeRO or the placement: with the cost
+    # memo on, memoised on the cluster per (model, options) object (kept with the entry).
+    if not memo_enabled():
+        return _fresh_bound_terms(model, plan, cluster, options)
+    key = (id(model), id(options), plan.micro_batch, plan.tp, plan.sequence_parallel,
+           plan.dtype, plan.cp, plan.ep, plan.etp, plan.recompute, plan.recompute_num_layers,
+           plan.pp, plan.virtual_stages, plan.schedule, plan.stage_layers)
+    return identity_memo(cluster._links.setdefault("bounds", {}), key, (model, options),
+                         lambda: _fresh_bound_terms(model, plan, cluster, options))
+
+
+def _fresh_bound_terms(model: ModelSpec, plan: Plan, cluster: Cluster,
+                       options: SimOptions) -> tuple[list[float], list[float], list[float]]:
     eff, dev, lc, host_re = _compute_setup(model, plan, cluster, options)
     chunks = plan.layers_per_stage(model)
     pp, work, seen = plan.pp, [0.0] * plan.pp, {}
+    dev_work = [0.0] * pp
     fill, forwards = [0.0] * pp, 0.0  # forwards: Σ F_g over the chunks before g
     by_index = model.is_moe or model.is_mla
     for g, layers in enumerate(chunks):
@@ -597,19 +679,14 @@ def compute_lower_bounds_s(model: ModelSpec, plan: Plan, cluster: Cluster,
             lc_g = chunk_compute(model, plan, g, options.attention, dev, eff,
                                  options.moe_imbalance, options.cp_attention)[0] \
                 if by_index else lc
-            fwd, bwd, _, _ = _chunk_compute(plan, layers, lc_g, edge, host_re)
-            seen[key] = (fwd, fwd + bwd)
+            fwd, bwd, dev_f, dev_b = _chunk_compute(plan, layers, lc_g, edge, host_re)
+            seen[key] = (fwd, fwd + bwd, dev_f + dev_b)
         if g < pp:
             fill[g] = forwards
         forwards += seen[key][0]
         work[chunk_rank(plan.schedule, pp, g)] += seen[key][1]
-    m, busiest = plan.num_microbatches, max(work)
-    busy = m * min(work)
-    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
-        if options.optimizer_post_validation:
-            return m * busiest, busy
-        return max(f + m * w for f, w in zip(fill, work, strict=True)), busy
-    return m * busiest + (sum(work) - busiest) / plan.virtual_stages, busy
+        dev_work[chunk_rank(plan.schedule, pp, g)] += seen[key][2]
+    return fill, work, dev_work
 
 
 def weight_cast_s(model: ModelSpec, plan: Plan, layers: int, device, bandwidth: float) -> float:

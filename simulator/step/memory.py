@@ -7,11 +7,13 @@ Activation Recomputation in Large Transformer Models", §4 and Table 2, for acti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from planner.mesh import chunk_rank, rank_chunks
 from planner.precision import recipe, storage_dtype, weight_cache_bytes_per_param
 from planner.spec import DTYPE_BYTES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, ModelSpec, Plan
+from simulator.network.collectives import identity_memo, memo_enabled
 from simulator.step.zb_orders import rank_peak_in_flight
 
 
@@ -206,14 +208,24 @@ def _edge_activation_bytes(model: ModelSpec, plan: Plan, stage: int,
                            chunks: list[int] | tuple[int, ...] | None = None) -> float:
     # Embedding output on the first stage (2sbh, Korthikanti §4.3); final norm input plus fp32
     # logits (4·s·b·V / tp) on the last. ``chunks``: the stage's `rank_chunks`, if known.
+    chunks = rank_chunks(plan, stage) if chunks is None else chunks
+    return _edge_sum(_edge_terms(model, plan), 0 in chunks,
+                     plan.pp * plan.virtual_stages - 1 in chunks)
+
+
+def _edge_terms(model: ModelSpec, plan: Plan) -> tuple[float, float]:
+    # (first chunk's, last chunk's) extra activation bytes of `_edge_activation_bytes`.
     s, b, h = model.seq_len // plan.cp, plan.micro_batch, model.hidden
     scale = DTYPE_BYTES[plan.dtype] / 2
+    return 2 * s * b * h * scale, 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
+
+
+def _edge_sum(terms: tuple[float, float], first: bool, last: bool) -> float:
     extra = 0.0
-    chunks = rank_chunks(plan, stage) if chunks is None else chunks
-    if 0 in chunks:
-        extra += 2 * s * b * h * scale
-    if plan.pp * plan.virtual_stages - 1 in chunks:
-        extra += 2 * s * b * h * scale + 4 * s * b * model.vocab_size / plan.tp
+    if first:
+        extra += terms[0]
+    if last:
+        extra += terms[1]
     return extra
 
 
@@ -366,6 +378,47 @@ def worst_stage_memory(model: ModelSpec, plan: Plan, overhead_bytes: float = 0.0
                                   activations_bytes=a, overhead_bytes=overhead_bytes)
 
 
+#: `stage_layout` entries while the cost memo is on (`identity_memo`).
+_LAYOUTS: dict[tuple, tuple] = {}
+
+
+def stage_layout(model: ModelSpec, plan: Plan) -> tuple[tuple, ...]:
+    """Per pipeline stage: ``(non-expert params, expert params, chunks held, blocks held,
+    MoE blocks held)`` (`stage_param_splits`, `planner.mesh.chunk_rank`,
+    `simulator.step.moe.stage_expert_blocks`), which depend on the plan through its chunk
+    layout (pp, virtual stages, schedule, stage layers) and tp, ep, etp alone; with the cost
+    memo on, plans that agree on those share one entry."""
+    if not memo_enabled():
+        return _fresh_stage_layout(model, plan)
+    key = (id(model), plan.pp, plan.virtual_stages, plan.schedule, plan.stage_layers, plan.tp,
+           plan.ep, plan.etp)
+    return identity_memo(_LAYOUTS, key, (model,), lambda: _fresh_stage_layout(model, plan))
+
+
+def _fresh_stage_layout(model: ModelSpec, plan: Plan) -> tuple[tuple, ...]:
+    chunks = plan.layers_per_stage(model)
+    held_chunks: list[list[int]] = [[] for _ in range(plan.pp)]
+    for c in range(len(chunks)):
+        held_chunks[chunk_rank(plan.schedule, plan.pp, c)].append(c)
+    splits = stage_param_splits(model, plan)  # one pass over the chunks, MoE or not
+    if model.is_moe:
+        from simulator.step.moe import stage_expert_blocks
+    return tuple((*splits[stage], tuple(held_chunks[stage]),
+                  sum(chunks[c] for c in held_chunks[stage]),
+                  stage_expert_blocks(model, plan, stage) if model.is_moe else 0)
+                 for stage in range(plan.pp))
+
+
+def _in_flight(plan: Plan) -> Callable[[int], float]:
+    # `microbatches_in_flight` of a stage; with the cost memo on, from one tuple per
+    # (schedule, pp, micro-batches, virtual stages), what it depends on.
+    if not memo_enabled():
+        return lambda stage: microbatches_in_flight(plan, stage)
+    key = ("in-flight", plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    return identity_memo(_LAYOUTS, key, (), lambda: tuple(
+        microbatches_in_flight(plan, stage) for stage in range(plan.pp))).__getitem__
+
+
 def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: bool,
                  block_scaled: bool, stages: list[int] | None = None,
                  recompute_modules: tuple[str, ...] | None = None,
@@ -381,12 +434,9 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
         if plan.recompute_num_layers else None
     per_kept = 0.0 if kept_plan is None else layer_activation_bytes(model, kept_plan, attention) \
         - lowp_activation_saving(model, kept_plan)
-    chunks = plan.layers_per_stage(model)
-    held_chunks: list[list[int]] = [[] for _ in range(plan.pp)]
-    for c in range(len(chunks)):
-        held_chunks[chunk_rank(plan.schedule, plan.pp, c)].append(c)
+    chunks = plan.layers_per_stage(model) if kept_plan is not None else ()
+    layout = stage_layout(model, plan)
     moe = model.is_moe
-    splits = stage_param_splits(model, plan)  # one pass over the chunks, MoE or not
     z, shard, eshard = plan.zero_stage, plan.dp_cp, plan.edp
     g, o = main_grad_bytes_per_param(plan.dtype) if fp32_main_grads else \
         (d, optimizer_bytes_per_param(plan.dtype))
@@ -395,48 +445,47 @@ def _stage_parts(model: ModelSpec, plan: Plan, attention: str, fp32_main_grads: 
     linear = _linear_params(model) / plan.tp
     cache_per_param = weight_cache_bytes_per_param(plan.dtype, block_scaled)
     gathered = zero3_buffer_bytes(model, plan)          # the same on every stage
+    # Low-precision primary weights: the linear weights are held as their casts (FP8 and
+    # its transpose on Hopper), not in bf16 (`planner.precision`); 0 for bf16.
+    # NVFP4 keeps its bf16 weights and caches the casts beside them.
+    r = recipe(plan.dtype)
+    wc = 0.0 if r is None else cache_per_param - (d if r.primary_weights else 0.0)
+    if moe:   # per-block terms, the same on every stage
+        from simulator.step.moe import (
+            activation_delta_bytes,
+            expert_params_per_block,
+            selective_saving_bytes,
+        )
+        delta = activation_delta_bytes(model, plan)
+        delta_kept = 0.0 if kept_plan is None else activation_delta_bytes(model, kept_plan)
+        save_dense = selective_saving_bytes(model, plan, recompute_modules, False)
+        save_moe = selective_saving_bytes(model, plan, recompute_modules, True)
+        # the rank's own matrices: non-expert ones / tp, its E/ep local experts
+        routed = model.num_experts * model.expert_params() * model.num_moe_layers \
+            / model.num_layers
+        mine_per_block = (_linear_params(model) - routed) / plan.tp
+        local_per_block = expert_params_per_block(model, plan)
+    in_flight = _in_flight(plan)
+    edges, last_chunk = _edge_terms(model, plan), plan.pp * plan.virtual_stages - 1
+    # held bytes of both parameter groups, each sharded over its own group under ZeRO from
+    # stage 3 (weights), 2 (gradients), 1 (optimizer states)
+    s3, s2, s1 = (shard if z >= k else 1 for k in (3, 2, 1))
+    e3, e2, e1 = (eshard if z >= k else 1 for k in (3, 2, 1))
     for stage in range(plan.pp) if stages is None else stages:
-        params, experts = splits[stage]
-        layers = sum(chunks[c] for c in held_chunks[stage])
+        p, e, held_chunks, layers, n_moe = layout[stage]
         redo = layers if kept_plan is None else sum(
-            plan.full_recompute_share(chunks[c]) * chunks[c] for c in held_chunks[stage])
+            plan.full_recompute_share(chunks[c]) * chunks[c] for c in held_chunks)
         acts = per_layer * redo + per_kept * (layers - redo) \
-            + _edge_activation_bytes(model, plan, stage, held_chunks[stage])
+            + _edge_sum(edges, 0 in held_chunks, last_chunk in held_chunks)
         if moe:
-            from simulator.step.moe import (
-                activation_delta_bytes,
-                selective_saving_bytes,
-                stage_expert_blocks,
-            )
-            n_moe = stage_expert_blocks(model, plan, stage)
-            acts += n_moe * activation_delta_bytes(model, plan) \
-                - (layers - n_moe) * selective_saving_bytes(model, plan, recompute_modules,
-                                                            False) \
-                - n_moe * selective_saving_bytes(model, plan, recompute_modules, True)
+            acts += n_moe * delta - (layers - n_moe) * save_dense - n_moe * save_moe
             if kept_plan is not None and layers:
                 # the expert blocks among the kept ones (in the stage's proportion)
-                acts += n_moe * (layers - redo) / layers \
-                    * activation_delta_bytes(model, kept_plan)
-
-        def held(per_param: float, from_stage: int, p=params, e=experts) -> float:
-            # bytes of both parameter groups, each sharded over its own group under ZeRO
-            return p * per_param / (shard if z >= from_stage else 1) \
-                + e * per_param / (eshard if z >= from_stage else 1)
-
-        # Low-precision primary weights: the linear weights are held as their casts (FP8 and
-        # its transpose on Hopper), not in bf16 (`planner.precision`); 0 for bf16.
-        # NVFP4 keeps its bf16 weights and caches the casts beside them.
-        r = recipe(plan.dtype)
-        wc = 0.0 if r is None else cache_per_param - (d if r.primary_weights else 0.0)
-        if moe:
-            # the rank's own matrices: non-expert ones / tp, its E/ep local experts
-            from simulator.step.moe import expert_params_per_block
-            routed = model.num_experts * model.expert_params() * model.num_moe_layers \
-                / model.num_layers
-            mine = (_linear_params(model) - routed) / plan.tp * layers
-            local = n_moe * expert_params_per_block(model, plan)
-            cached = wc * (mine / (shard if z >= 3 else 1) + local / (eshard if z >= 3 else 1))
+                acts += n_moe * (layers - redo) / layers * delta_kept
+            mine = mine_per_block * layers
+            local = n_moe * local_per_block
+            cached = wc * (mine / s3 + local / e3)
         else:
-            cached = linear * layers * wc / (shard if z >= 3 else 1)
-        yield stage, (held(d, 3) + gathered + cached, held(g, 2), held(o, 1),
-                      acts * microbatches_in_flight(plan, stage))
+            cached = linear * layers * wc / s3
+        yield stage, (p * d / s3 + e * d / e3 + gathered + cached, p * g / s2 + e * g / e2,
+                      p * o / s1 + e * o / e1, acts * in_flight(stage))

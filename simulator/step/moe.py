@@ -50,7 +50,7 @@ from planner.mesh import expert_group_ranks
 from planner.precision import block_scaled_device, recipe
 from planner.spec import DTYPE_BYTES, ModelSpec, Plan
 from simulator.network.cluster import Cluster
-from simulator.network.collectives import collective_time_s
+from simulator.network.collectives import collective_time_s, identity_memo, memo_enabled
 from simulator.network.hardware import DeviceProfile
 from simulator.step.compute import (
     ATTENTION_CORE,
@@ -267,7 +267,23 @@ def block_ops(model: ModelSpec, plan: Plan, attention: Attention, device: Device
     return ops + cast_ops(ops, plan.dtype, block_scaled_device(device.peak_flops))
 
 
-@lru_cache(maxsize=4096)
+#: The `Plan` fields `block_ops` reads: a block's costs depend on the plan through these alone
+#: (with the model, kernel, device, efficiency and routing), not on dp, pp, the schedule,
+#: recomputation, ZeRO or the placement.
+_BLOCK_FIELDS = ("micro_batch", "tp", "sequence_parallel", "dtype", "cp", "ep", "etp")
+
+
+def _block_key(plan: Plan) -> tuple:
+    return (plan.micro_batch, plan.tp, plan.sequence_parallel, plan.dtype, plan.cp, plan.ep,
+            plan.etp)
+
+
+#: Memo of `block_compute` and `chunk_compute` while the cost memo is on
+#: (`simulator.network.collectives.cost_memo`; `identity_memo`): keyed by the ids of the
+#: model, device and efficiency, the fields of `_BLOCK_FIELDS` and every other argument.
+_MEMO: dict[tuple, tuple] = {}
+
+
 def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: DeviceProfile,
                   eff: Efficiency, moe_layer: bool, imbalance: float = 1.0,
                   cp_attention: CpAttention = "ring",
@@ -275,7 +291,20 @@ def block_compute(model: ModelSpec, plan: Plan, attention: Attention, device: De
     """`LayerCompute` of `block_ops` (cached), its backward with the routed experts'
     `wgrad_accumulation_excess_s`. Its ``attn_core_fwd_s``, the forward time selective
     recomputation repeats, is that of the ops `recomputed_ops` (``recompute_modules``)
-    names."""
+    names. With the cost memo on, plans that agree on `_BLOCK_FIELDS` share one entry."""
+    args = (attention, moe_layer, imbalance, cp_attention, recompute_modules)
+    if not memo_enabled():
+        return _block_compute(model, plan, device, eff, *args)
+    return identity_memo(_MEMO, ("block", id(model), id(device), id(eff), *_block_key(plan),
+                                 *args), (model, device, eff),
+                         lambda: _block_compute(model, plan, device, eff, *args))
+
+
+@lru_cache(maxsize=4096)
+def _block_compute(model: ModelSpec, plan: Plan, device: DeviceProfile, eff: Efficiency,
+                   attention: Attention, moe_layer: bool, imbalance: float,
+                   cp_attention: CpAttention,
+                   recompute_modules: tuple[str, ...] | None) -> LayerCompute:
     ops = block_ops(model, plan, attention, device, moe_layer, imbalance, cp_attention)
     lc = ops_compute(tuple(ops), device, eff, plan.dtype)
     lc = replace(lc, bwd_s=lc.bwd_s + sum(
@@ -295,20 +324,32 @@ def chunk_compute(model: ModelSpec, plan: Plan, chunk: int, attention: Attention
                   ) -> tuple[LayerCompute, int]:
     """(mean `LayerCompute` per block, MoE blocks) of pipeline chunk ``chunk`` (pipeline
     order, as `Plan.layers_per_stage`), its dense and MoE blocks each costed by
-    `block_compute`."""
+    `block_compute`; with the cost memo on, chunks of equal block and MoE-block counts of
+    plans that agree on `_BLOCK_FIELDS` share one entry."""
     n_moe = chunk_moe_blocks(model, plan, chunk)
     n = plan.layers_per_stage(model)[chunk]
+    args = (attention, imbalance, cp_attention, recompute_modules)
+    if not memo_enabled():
+        return _chunk_mean(model, plan, device, eff, n, n_moe, *args), n_moe
+    return identity_memo(_MEMO, ("chunk", id(model), id(device), id(eff), *_block_key(plan),
+                                 n, n_moe, *args), (model, device, eff),
+                         lambda: _chunk_mean(model, plan, device, eff, n, n_moe, *args)), n_moe
+
+
+def _chunk_mean(model: ModelSpec, plan: Plan, device: DeviceProfile, eff: Efficiency, n: int,
+                n_moe: int, attention: Attention, imbalance: float, cp_attention: CpAttention,
+                recompute_modules: tuple[str, ...] | None) -> LayerCompute:
+    # The mean `LayerCompute` of ``n`` blocks, ``n_moe`` of them MoE blocks.
     parts = [(n - n_moe, block_compute(model, plan, attention, device, eff, False,
                                        cp_attention=cp_attention,
                                        recompute_modules=recompute_modules)),
              (n_moe, block_compute(model, plan, attention, device, eff, True, imbalance,
                                    cp_attention, recompute_modules))]
     parts = [(w, lc) for w, lc in parts if w]
-    mean = LayerCompute(*(sum(w * getattr(lc, f) for w, lc in parts) / n
+    return LayerCompute(*(sum(w * getattr(lc, f) for w, lc in parts) / n
                           for f in ("fwd_s", "bwd_s", "attn_core_fwd_s", "host_fwd_s",
                                     "host_bwd_s")),
                         round(sum(w * lc.kernels_fwd for w, lc in parts) / n))
-    return mean, n_moe
 
 
 def node_dedup_factor(model: ModelSpec, nodes: int) -> float:
@@ -362,6 +403,20 @@ def dispatch_time_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
     """
     if plan.ep == 1 and plan.etp == 1:
         return 0.0
+    if not memo_enabled():
+        return _dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
+    # The bytes depend on the plan through tokens_per_rank (micro-batch, cp, tp) and the
+    # dtype; the ep and etp groups through the mesh (`planner.mesh.expert_group_ranks`:
+    # tp, cp, dp, pp, ep, etp, placement) and the stage.
+    key = (id(model), plan.micro_batch, plan.tp, plan.cp, plan.dtype, plan.dp, plan.pp,
+           plan.ep, plan.etp, plan.placement, stage, imbalance, dispatcher)
+    return identity_memo(cluster._links.setdefault("dispatch", {}), key, (model,),
+                         lambda: _dispatch_time_s(model, plan, cluster, stage, imbalance,
+                                                  dispatcher))
+
+
+def _dispatch_time_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
+                     imbalance: float, dispatcher: str) -> float:
     t = tokens_per_rank(model, plan)
     size = t * model.experts_per_token * model.hidden * DTYPE_BYTES[plan.dtype] * imbalance
     group = expert_group_ranks(plan, "ep", stage=stage)
@@ -532,11 +587,32 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
                                 cp_attention, recompute_modules)
     if n_moe == 0 or (plan.ep == 1 and plan.etp == 1):
         return mean, 0.0, 0.0
+    fwd, bwd = block_a2a_exposed_s(model, plan, cluster, stage, attention, device, eff,
+                                   imbalance=imbalance, dispatcher=dispatcher, overlap=overlap,
+                                   cp_attention=cp_attention,
+                                   recompute_modules=recompute_modules,
+                                   full_share=plan.full_recompute_share(
+                                       plan.layers_per_stage(model)[chunk]))
+    share = n_moe / plan.layers_per_stage(model)[chunk]
+    return mean, fwd * share, bwd * share
+
+
+def block_a2a_exposed_s(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int,
+                        attention: Attention, device: DeviceProfile, eff: Efficiency, *,
+                        imbalance: float = 1.0, dispatcher: str = "alltoall",
+                        overlap: bool = False, cp_attention: CpAttention = "ring",
+                        recompute_modules: tuple[str, ...] | None = None,
+                        full_share: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) exposed all-to-all seconds of one MoE block on pipeline rank
+    ``stage``, one micro-batch, as `chunk_moe_terms` counts them (its per-block figures
+    before the average over the chunk's blocks); under full recomputation the backward
+    repeats the pair for ``full_share`` of the blocks (`Plan.full_recompute_share`)."""
+    if plan.ep == 1 and plan.etp == 1:
+        return 0.0, 0.0
     a2a = dispatch_time_s(model, plan, cluster, stage, imbalance, dispatcher)
     # the share of blocks whose forward (with its dispatch and combine) runs again
-    again = plan.full_recompute_share(plan.layers_per_stage(model)[chunk]) \
-        if plan.recompute == "full" else float(plan.recompute == "selective"
-                                                and "moe" in (recompute_modules or ()))
+    again = full_share if plan.recompute == "full" else float(
+        plan.recompute == "selective" and "moe" in (recompute_modules or ()))
     fwd, bwd = 2 * a2a, 2 * a2a + 2 * a2a * again
     if overlap:
         block = block_compute(model, plan, attention, device, eff, True, imbalance,
@@ -545,8 +621,7 @@ def chunk_moe_terms(model: ModelSpec, plan: Plan, cluster: Cluster, chunk: int, 
         share = sms / device.sm_count if device.sm_count else 0.0
         fwd = overlapped_exposed_s(fwd, block.fwd_s, share)
         bwd = overlapped_exposed_s(bwd, block.bwd_s, share)
-    share = n_moe / plan.layers_per_stage(model)[chunk]
-    return mean, fwd * share, bwd * share
+    return fwd, bwd
 
 
 def stage_expert_blocks(model: ModelSpec, plan: Plan, stage: int) -> int:

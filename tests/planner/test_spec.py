@@ -133,3 +133,18 @@ def test_a_misspelt_model_field_gets_a_suggestion_like_a_cluster_key(tmp_path):
     with pytest.raises(PlanError, match=r"\['zero_stages'\] \(did you mean 'zero_stage'\?\)"):
         plan_from_dict({"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 1,
                         "zero_stages": 1})
+
+
+def test_cached_choices_and_bool_fields_equal_the_uncached_ones():
+    # two Literals and two dataclasses, each asked twice (the second from the cache)
+    import dataclasses
+    from typing import get_args
+
+    from planner.spec import Dtype, ModelSpec, Plan, Schedule, _bool_fields, _choices
+    for _ in range(2):
+        assert _choices(Schedule) == get_args(Schedule)
+        assert _choices(Dtype) == get_args(Dtype)
+        for cls in (Plan, ModelSpec):
+            assert _bool_fields(cls) == tuple(f.name for f in dataclasses.fields(cls)
+                                              if f.type == "bool")
+    assert _choices(Schedule) != _choices(Dtype) and "sequence_parallel" in _bool_fields(Plan)

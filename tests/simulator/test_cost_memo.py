@@ -104,3 +104,48 @@ def test_memoised_zero_bubble_timeline_equals_the_uncached_one(plan):
         other = estimate(model, plan.replace(zero_stage=3 - plan.zero_stage),
                          load_cluster("dgx-h100", nodes=16))
     assert (again.step_time_s, again.comm_s) == (other.step_time_s, other.comm_s)
+
+
+# MoE plans that differ in a field the block / layout / bound / dispatch memos key on
+# (micro-batch, ep, tp, pp, schedule, placement) and in fields they do not (dp, placement, ZeRO), run one after another
+# so each can hit the entries the others left.
+MOE_PLANS = [
+    Plan(tp=2, pp=4, dp=16, ep=8, micro_batch=1, global_batch=64, sequence_parallel=True),
+    Plan(tp=2, pp=4, dp=16, ep=16, micro_batch=1, global_batch=64, sequence_parallel=True),
+    Plan(tp=2, pp=4, dp=16, ep=16, micro_batch=2, global_batch=64, sequence_parallel=True,
+         zero_stage=1),
+    Plan(tp=2, pp=4, dp=16, ep=8, micro_batch=1, global_batch=64, sequence_parallel=True,
+         zero_stage=2, placement=("tp", "pp", "dp")),
+    Plan(tp=2, pp=8, dp=16, ep=8, micro_batch=1, global_batch=64, sequence_parallel=True),
+    Plan(tp=1, pp=8, dp=16, ep=16, micro_batch=1, global_batch=64, schedule="zb-h1",
+         dtype="fp8"),
+]
+
+
+def _moe_figures(model, plan, cluster):
+    from simulator.step.costs import _device, _efficiency, compute_lower_bounds_s
+    from simulator.step.memory import memory_per_stage, worst_stage_memory
+    from simulator.step.moe import block_compute, chunk_compute, dispatch_time_s
+    from simulator.step.stagecosts import DEFAULT_OPTIONS
+    dev, eff = _device(cluster), _efficiency(cluster, DEFAULT_OPTIONS)
+    return (stage_costs(model, plan, cluster), compute_lower_bounds_s(model, plan, cluster),
+            memory_per_stage(model, plan), worst_stage_memory(model, plan),
+            block_compute(model, plan, "unfused", dev, eff, True),
+            [chunk_compute(model, plan, g, "unfused", dev, eff, 1.2)
+             for g in range(plan.pp * plan.virtual_stages)],
+            [dispatch_time_s(model, plan, cluster, s, 1.1, d)
+             for s in range(plan.pp) for d in ("alltoall", "deepep")])
+
+
+def test_memoised_moe_block_layout_and_bound_terms_equal_the_uncached_ones():
+    # block / chunk compute, per-stage layouts and in-flight counts of memory, the bound's
+    # per-rank terms and the all-to-all:
+    # memoised by a subset of the plan's fields, equal to the uncached figures of each plan
+    model = load_model("deepseek-v3").replace(num_layers=16, moe_first_dense_layers=2)
+    with cost_memo(False):
+        fresh = [_moe_figures(model, p, load_cluster("dgx-h100", nodes=32)) for p in MOE_PLANS]
+    cluster = load_cluster("dgx-h100", nodes=32)
+    memoised = [_moe_figures(model, p, cluster) for p in MOE_PLANS]
+    assert memoised == fresh
+    assert [_moe_figures(model, p, cluster) for p in MOE_PLANS] == fresh
+    assert fresh[0] != fresh[1] and fresh[0] != fresh[2]   # the inputs differ in figures
