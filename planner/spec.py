@@ -15,7 +15,7 @@ import difflib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal, get_args
 
 Activation = Literal["gelu", "swiglu"]
@@ -127,7 +127,7 @@ def _require_bool_fields(obj: object) -> None:
         require_bool(name, getattr(obj, name))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bool_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.type == "bool")
 
