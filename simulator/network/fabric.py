@@ -193,8 +193,11 @@ def fabric_layout(name: str, fab: dict, nodes: int, per_node: int, nics: int,
         raise PlanError(f"cluster {name!r}: nodes={nodes} needs {sus} scalable units of "
                         f"{per_leaf} nodes ({leaves} leaves) but fabric.tiers={tiers} allows "
                         f"{need}; use tiers: {auto}")
-    spines = check_positive_int("fabric.spines", fab.get("spines", max(1, radix - per_leaf
-                                                               * ports_per_node)), name)
+    # One uplink to each spine; by default as many NIC-rate ports as the uplinks total
+    # (downlinks / oversubscription), at most the ports left over, so that a leaf-spine link
+    # carries the NIC line rate (the uplink total / spines, `build_gpu_graph`).
+    spines = check_positive_int("fabric.spines", fab.get("spines", default_spines(radix, down,
+                                                                                  over)), name)
     if tiers > 1 and down + spines > radix:
         raise PlanError(f"cluster {name!r}: a leaf has {down} downlinks (fabric.nodes_per_leaf="
                         f"{per_leaf} x {ports_per_node} NIC port(s)) and one uplink to each of "
@@ -236,12 +239,24 @@ def _add_intra(g: nx.Graph, n: int, per_node: int, intra: dict) -> None:
         g.add_edge(("pcie", n, s), ("host", n), bandwidth_Bps=bw, latency_s=lat / 4)
 
 
+def default_spines(radix: int, down: int, over: float) -> int:
+    """Spines of a leaf with ``down`` downlinks on ``radix`` ports at ``over``:1 when the file
+    gives no ``fabric.spines``: ``ceil(down / over)`` uplinks of the NIC rate (they total
+    ``down / over`` NICs' worth), at most the ``radix - down`` ports left over, at least one.
+
+    >>> default_spines(64, 8, 2.0), default_spines(64, 32, 1.0), default_spines(40, 26, 2.0)
+    (4, 32, 13)
+    """
+    # round: 33 / 1.1 is 30.000000000000004 in floating point, 30 ports
+    return max(1, min(math.ceil(round(down / over, 9)), radix - down))
+
+
 def max_nodes_per_leaf(radix: int, ports_per_node: int, nodes: int, tiers: object = None,
                        spines: object = None) -> int:
     """The most nodes a leaf of ``radix`` ports can take, ``ports_per_node`` ports each (1 on
     a rail-optimised fabric, the NIC count on a fat-tree), for ``nodes`` servers: every port
     down while one leaf (per rail) holds them all and ``tiers`` asks for no spines, else one
-    port up to each spine (``spines``, default the ports left over: at least one). 0: none.
+    port up to each spine (``spines``; `default_spines` takes at least one). 0: none.
 
     >>> max_nodes_per_leaf(64, 8, 16), max_nodes_per_leaf(64, 8, 8), max_nodes_per_leaf(8, 1, 16)
     (7, 8, 7)
@@ -266,8 +281,9 @@ def build_gpu_graph(fab: Fabric, intra: dict) -> nx.Graph:
     """Devices, node switches, NICs, leaves, spines and cores as one NetworkX graph.
 
     Leaf-to-spine links carry ``leaf_uplink / spines`` each (so a leaf's uplinks total its
-    downlinks / oversubscription); spine-to-core links split a pod's uplink over
-    ``spines x spines`` links (one core layer, non-blocking above the leaves).
+    downlinks / oversubscription; with `default_spines`, at most the NIC rate); spine-to-core
+    links split a pod's uplink over ``spines x spines`` links (one core layer, non-blocking
+    above the leaves).
     """
     g = nx.Graph()
     rail = fab.topology == "rail-optimized"

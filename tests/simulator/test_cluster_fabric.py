@@ -202,3 +202,66 @@ def test_a_nic_speed_in_bits_per_second_says_the_unit(tmp_path):
     assert str(exc.value) == ("nic.speed_Gbps=400000000000.0 for cluster 'mine' is beyond any "
                               "real hardware (at most 16000 Gb/s); 4e+11 looks like bits/s: "
                               "speed_Gbps is in Gb/s, e.g. 400")
+
+
+# 16 DGX H100 nodes on a 2:1 fat tree of 64-port switches, 4 nodes of 2 x 400 Gb/s RoCE NICs
+# a leaf: 8 downlinks, whose 1,600 Gb/s at 2:1 leave 4 full-rate uplinks (4 spines).
+SPINE_EXAMPLE = {"kind": "gpu", "node_type": "dgx-h100", "nodes": 16,
+                 "nic": {"per_node": 2, "speed_Gbps": 400, "transport": "roce"},
+                 "fabric": {"topology": "fat-tree", "switch_radix": 64,
+                            "oversubscription": 2.0, "nodes_per_leaf": 4}}
+
+
+def _spine_links(cluster) -> set:
+    return {d["bandwidth_Bps"] for a, b, d in cluster.graph.edges(data=True)
+            if {a[0], b[0]} == {"leaf", "spine"}}
+
+
+def test_a_fixed_nodes_per_leaf_gets_spines_from_the_oversubscription():
+    from simulator.network.cluster import cluster_from_spec
+    cluster = cluster_from_spec("mine", SPINE_EXAMPLE)
+    assert cluster.spines == 4 and cluster.leaf_uplink_Bps == 8 * 50e9 / 2
+    assert _spine_links(cluster) == {50e9}           # each uplink at the NIC rate
+
+
+@pytest.mark.parametrize("name, nodes, spines", [
+    # GB200 NVL72: 8 racks a rail leaf, 1:1: 8 uplinks, 8 spines (16 racks: 2 SUs x 72 rails)
+    ("gb200-nvl72", 16, 8), ("gb300-nvl72", 16, 8),
+    # radix-sized leaves keep every free port: 32 down + 32 up (64), 20 + 20 (40)
+    ("dgx-h100", 64, 32), ("dgx-b200", 64, 32), ("dgx-a100", 64, 20),
+    # pcie-a100: 13 nodes x 2 HDR = 26 down at 2:1 = 13 NICs' worth, 13 of the 14 free ports
+    ("pcie-a100", 64, 13),
+])
+def test_preset_spines_are_the_uplink_total_in_nic_ports(name, nodes, spines):
+    cluster = load_cluster(name, nodes=nodes)
+    assert cluster.spines == spines and _spine_links(cluster) == {cluster.nic_bandwidth_Bps}
+    far = (nodes - 1) * cluster.devices_per_node     # another leaf (another pod at 3 tiers)
+    assert cluster.link(0, far).bandwidth_Bps == cluster.nic_bandwidth_Bps
+
+
+def test_a_send_across_leaves_runs_at_the_nic_rate():
+    from simulator.network.cluster import cluster_from_spec
+    from simulator.network.collectives import boundary_send_time_s, p2p_time_on_cluster_s
+    cluster = cluster_from_spec("mine", SPINE_EXAMPLE)
+    size = 64 * 2 ** 20
+    # GPU 0 of node 0 -> GPU 0 of node 4 (next leaf): GPU-NIC, NIC-leaf, leaf-spine,
+    # spine-leaf, leaf-NIC, NIC-GPU: 2 RoCE NIC latencies of 1.5 us + 4 switch hops of 0.6 us;
+    # 67,108,864 B at 50 GB/s = 1.34217728 ms, + 5.4 us = 1.34757728 ms.
+    assert p2p_time_on_cluster_s(cluster, size, 0, 4 * 8) == pytest.approx(1.34757728e-3)
+    # a pipeline boundary of 4-node stages: GPUs 0-3 of node 0 share NIC 0 and send at once
+    assert boundary_send_time_s(cluster, size, 0, 4 * 8, pp_stride=32, pp=4) == \
+        pytest.approx(4 * size / 50e9 + 5.4e-6)
+
+
+def test_collectives_do_not_depend_on_the_spine_count():
+    # Collectives price the leaf's total uplink, which the spine count only divides.
+    from simulator.network.cluster import cluster_from_spec
+    from simulator.network.collectives import collective_time_s
+    many = {**SPINE_EXAMPLE, "fabric": {**SPINE_EXAMPLE["fabric"], "spines": 56}}
+    few, wide = cluster_from_spec("mine", SPINE_EXAMPLE), cluster_from_spec("mine", many)
+    assert (few.spines, wide.spines) == (4, 56)
+    assert few.leaf_uplink_Bps == wide.leaf_uplink_Bps
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for devices in (range(few.num_devices), range(0, few.num_devices, 8)):
+            assert collective_time_s(few, kind, 1e9, list(devices)) == \
+                collective_time_s(wide, kind, 1e9, list(devices))

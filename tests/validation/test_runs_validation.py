@@ -19,7 +19,9 @@ FILES = {"published": DATA / "published_runs.csv",
          "vtrain-single": DATA / "vtrain" / "ground_truth_single.csv"}
 # What the model reached when these bounds were set (rounded up): the regression bounds.
 REACHED_MAPE = {"published": 0.08, "vtrain-multi": 0.075, "vtrain-single": 0.07}
-REACHED_MAX = {"published": 0.23, "vtrain-multi": 0.38, "vtrain-single": 0.24}
+# vtrain-multi 0.39: its worst row (m028, -38.1%) since a leaf-spine link carries the NIC
+# rate (docs/clusters.md, How the fabric is sized): 12.5 GB/s on vtrain-a100, not 8.3.
+REACHED_MAX = {"published": 0.23, "vtrain-multi": 0.39, "vtrain-single": 0.24}
 
 pytestmark = pytest.mark.skipif(not DATA.is_dir(),
                                 reason=f"reference data not found at {DATA} "
