@@ -58,27 +58,47 @@ class _Parser(argparse.ArgumentParser):
     are one ``error: ...`` line naming the command, as every other bad input is, instead of
     the usage block followed by ``meshplan plan: error: ...``; the exit status stays 2."""
 
+    #: The words being parsed (set by `main`), so that an unknown flag is judged against the
+    #: subcommand they name.
+    words: list[str] = []
+
     def error(self, message: str):
-        hint = ""
+        prog, hint = self.prog, ""
         if message.startswith("unrecognized arguments: "):
-            # a misspelt flag: the closest of every flag of every command
-            from planner.spec import did_you_mean
             word = message.split(": ", 1)[1].split()[0].split("=")[0]
-            if word.startswith("--"):
-                hint = did_you_mean(word, _option_strings(self))
-        print_error("error:", f"{self.prog}: {message}{hint}; see `{self.prog} --help`")
+            command = _command_of(self, self.words)
+            if command is not None and word.startswith("--"):
+                prog = command.prog
+                hint = _flag_hint(word, command, self)
+        print_error("error:", f"{prog}: {message}{hint}; see `{prog} --help`")
         self.exit(2)
 
 
-def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    # the long flags of ``parser`` and of its subcommands
-    out = []
-    for action in parser._actions:
-        out += [s for s in action.option_strings if s.startswith("--")]
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                out += _option_strings(sub)
-    return sorted(set(out))
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((dict(a.choices) for a in parser._actions
+                 if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _command_of(parser: argparse.ArgumentParser, words: list[str]):
+    # the subcommand parser the first command word names, or None
+    subs = _subcommands(parser)
+    return next((subs[w] for w in words if w in subs), None)
+
+
+def _long_flags(parser: argparse.ArgumentParser) -> list[str]:
+    return sorted({s for a in parser._actions for s in a.option_strings if s.startswith("--")})
+
+
+def _flag_hint(word: str, command: argparse.ArgumentParser,
+               top: argparse.ArgumentParser) -> str:
+    """What to say of an unknown ``word`` in ``command``: that it belongs to other commands,
+    or the closest flag of ``command`` itself."""
+    from planner.spec import did_you_mean
+    elsewhere = [name for name, sub in _subcommands(top).items()
+                 if sub is not command and word in _long_flags(sub)]
+    if elsewhere:
+        return f" ({word} is an option of {', '.join(elsewhere)}, not of this command)"
+    return did_you_mean(word, _long_flags(command))
 
 
 def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
@@ -165,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if (twice := repeated_flag(parser, words)) is not None:
         _error("error:", twice)
         return 2
+    _Parser.words = words
     args = parser.parse_args(words)
     from rich.console import Console
     Console.on_broken_pipe = _on_broken_pipe     # a command's exit status is decided here

@@ -112,10 +112,17 @@ def cluster_ref(cluster: Cluster, plan: Plan, source: str | None = None) -> Clus
                       spec=spec)
 
 
-def check_plan_dtype(pf: PlanFile, cluster: Cluster) -> None:
-    """Raise `PlanError` when the plan's dtype cannot run on ``cluster``'s device (the check a
-    search applies, `planner.precision.unsupported_dtype_reason`): an edited plan file must
-    not simulate, export or launch what the device has no tensor cores for."""
+def check_plan_on_cluster(pf: PlanFile, cluster: Cluster) -> None:
+    """Raise `PlanError` when the plan cannot run on ``cluster``: more ranks than it has
+    devices (`simulator.step.costs.check_cluster`), or a dtype its device has no tensor cores
+    for (the check a search applies, `planner.precision.unsupported_dtype_reason`). An edited
+    plan file must not simulate, export or launch either."""
+    from simulator.step.costs import check_cluster
+    try:
+        check_cluster(pf.plan, cluster)
+    except PlanError as exc:
+        raise PlanError(f"plan file: {exc}; make a plan for this cluster (`meshplan plan ... "
+                        f"--out`)") from None
     reason = unsupported_dtype_reason(pf.plan.dtype, cluster.device.name,
                                       cluster.device.peak_flops)
     if reason:

@@ -24,9 +24,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rich.console import Console
     console = Console(stderr=True)  # stdout holds only what to paste
     pf = read_plan_file(args.plan)
-    from apps.clusters import check_plan_dtype, cluster_of_plan_file, memory_overrun
+    from apps.clusters import check_plan_on_cluster, cluster_of_plan_file, memory_overrun
     cluster = cluster_of_plan_file(pf)
-    check_plan_dtype(pf, cluster)
+    check_plan_on_cluster(pf, cluster)
     if (reason := memory_overrun(pf, cluster)) is not None:
         if not args.allow_oom:
             raise PlanError(f"plan {pf.plan.id} does not fit on {cluster.device.name}: "

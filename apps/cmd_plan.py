@@ -73,6 +73,18 @@ def default_global_batch(cluster, seq_len: int) -> int:
     return gpu_global_batch(seq_len)
 
 
+def check_out_is_no_input(out: str | None, inputs: dict[str, str]) -> None:
+    """Raise `PlanError` when ``--out`` names a file given as an input (``--model``,
+    ``--cluster``): writing the plan would replace it."""
+    if not out:
+        return
+    from pathlib import Path
+    for flag, given in inputs.items():
+        if given and Path(given).is_file() and Path(given).resolve() == Path(out).resolve():
+            raise PlanError(f"--out {out} is the {flag} file: the plan would replace it; "
+                            f"write the plan to another path")
+
+
 def check_default_batch_fits(seq_len: int, cluster, label: str = "--seq-len") -> None:
     """Raise `PlanError` when no batch flag is given and ``seq_len`` is longer than the
     default batch of `DEFAULT_BATCH_TOKENS` tokens on a GPU cluster: the default would round
@@ -211,6 +223,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     require_positive(args, "--top-k", "--prune")
     check_device_flags(args)
     check_output_path("--out", args.out)
+    check_out_is_no_input(args.out, {"--model": args.model, "--cluster": args.cluster})
     check_output_path("--csv", getattr(args, "csv", None), folder=True)
     kwargs = search_kwargs(args)
     model = load_model(args.model)

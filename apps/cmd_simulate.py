@@ -23,7 +23,7 @@ from apps.format import (
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from apps.clusters import (
-        check_plan_dtype,
+        check_plan_on_cluster,
         cluster_of_plan_file,
         memory_overrun,
         memory_warning,
@@ -37,7 +37,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_output_path("--trace", getattr(args, "trace", None))
     pf = read_plan_file(args.plan)
     cluster = cluster_of_plan_file(pf, getattr(args, "cpu_profile", None))
-    check_plan_dtype(pf, cluster)
+    check_plan_on_cluster(pf, cluster)
     overrun = memory_overrun(pf, cluster)
     if (warning := memory_warning(pf, cluster)) is not None:
         from rich.console import Console

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -176,6 +177,9 @@ def check_at_least(flag: str, value: int | float | None, least: int = 1,
     planner.spec.PlanError: --mtbf-hours=0 must be > 0
     """
     from planner.spec import PlanError
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"{flag}={value} must be a finite number"
+                        + (f" ({hint})" if hint else ""))
     if value is not None and (value < least or (strict and value == least)):
         raise PlanError(f"{flag}={value} must be {'>' if strict else '>='} {least}"
                         + (f" ({hint})" if hint else ""))

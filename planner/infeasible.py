@@ -145,8 +145,10 @@ def explain_infeasible(model: ModelSpec, cluster: Cluster, space: SearchSpace, *
                             f"{closest[0][1]} needs {need / GiB:.1f} GiB per device")
     else:
         counts = rejected["reason"].value_counts().head(3) if len(rejected) else {}
-        summary = (f"no legal plan of {model.name} on {word}{n} devices: "
-                   + "; ".join(f"{k}x {r}" for r, k in counts.items()))
+        # no candidate at all: the fixed fields exclude each other before any is built
+        why = "; ".join(f"{k}x {r}" for r, k in counts.items()) or \
+            "the fixed fields leave no candidate to build (see 'blocked by' below)"
+        summary = f"no legal plan of {model.name} on {word}{n} devices: {why}"
     return Infeasibility(summary=summary, closest=_closest_table(closest, usable,
                                                                  memory_headroom),
                          blocking=blocking, min_devices=min_devices)

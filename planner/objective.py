@@ -350,5 +350,6 @@ def rank_by_goodput(result, model: ModelSpec, *, device_mtbf_s: float,
 def hours_to_s(hours: float) -> float:
     """MTBF hours to seconds (rejects non-positive values)."""
     if not hours > 0 or math.isinf(hours):
-        raise ValueError(f"--mtbf-hours={hours} must be a positive number of hours")
+        raise PlanError(f"--mtbf-hours={hours} must be a positive, finite number of hours "
+                        f"(default 50677, Llama 3's 419 interruptions in 54 days on 16,384 GPUs)")
     return hours * 3600.0

@@ -148,12 +148,16 @@ def exact_goodput(interval_s: float, checkpoint_s: float, restart_s: float,
 
     >>> round(exact_goodput(3600.0, 60.0, 600.0, 36000.0), 4)
     0.919
+    >>> exact_goodput(3600.0, 60.0, 600.0, 3.6)  # an MTBF of 1 ms: e**1000 would overflow
+    0.0
     """
     if not (interval_s > 0 and checkpoint_s >= 0 and restart_s >= 0 and mtbf_s > 0):
         raise PlanError(f"need interval_s > 0, checkpoint_s >= 0, restart_s >= 0, mtbf_s > 0; "
                         f"got {interval_s}, {checkpoint_s}, {restart_s}, {mtbf_s}")
-    segment = mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + checkpoint_s)
-                                                                 / mtbf_s)
+    lost, span = restart_s / mtbf_s, (interval_s + checkpoint_s) / mtbf_s
+    if lost + span > 700:   # e**(lost + span) overflows a float: no segment ever completes
+        return 0.0
+    segment = mtbf_s * math.exp(lost) * math.expm1(span)
     return interval_s / segment
 
 

@@ -212,3 +212,49 @@ def test_topo_says_when_the_oversubscription_changes_nothing(tmp_path, capsys):
 
 def _out(capsys) -> str:
     return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "p.yaml", "--to", "megatron", "--nodes", "4"],
+     "meshplan export: unrecognized arguments: --nodes 4 (--nodes is an option of plan, "
+     "launch, topo, collective, not of this command); see `meshplan export --help`"),
+    (PLAN + ["--mtbf-hours", "inf", "--tokens", "1T"], "--mtbf-hours=inf must be a finite number"),
+])
+def test_flags_of_another_command_and_infinite_values_are_named(capsys, argv, message):
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2 and message in _err(capsys)
+
+
+def test_a_tiny_mtbf_gives_zero_goodput_not_a_traceback(capsys):
+    # an MTBF of 3.6 s per device on 16 GPUs: e**(segment / MTBF) overflows a float; the
+    # job never completes a checkpoint segment, so its goodput is 0 (Daly 2006's limit)
+    assert main(PLAN[:-1] + ["2", "--fix", "tp=8", "--fix", "pp=1", "--tokens", "1T",
+                             "--mtbf-hours", "0.001", "--top-k", "1", "--json"]) == 0
+    import json
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and all(p["goodput"] == 0.0 for p in plans)
+
+
+def test_out_may_not_replace_an_input_file(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("kind: gpu\nnode_type: dgx-h100\nnodes: 2\nfabric: {switch_radix: 64}\n")
+    before = cluster.read_text()
+    assert main(["plan", "--model", "llama3-8b", "--cluster", str(cluster), "--out",
+                 str(cluster)]) == 2
+    assert "is the --cluster file: the plan would replace it" in _err(capsys)
+    assert cluster.read_text() == before
+
+
+def test_export_refuses_a_plan_with_more_ranks_than_its_cluster(tmp_path, capsys):
+    import re
+    plan = tmp_path / "p.yaml"
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1",
+                 "--fix", "tp=8", "--top-k", "1", "--out", str(plan)]) == 0
+    plan.write_text(re.sub(r"(?m)^  dp: \d+$", "  dp: 2", plan.read_text()))
+    capsys.readouterr()
+    # tp 8 x dp 2 = 16 ranks on one 8-GPU node
+    assert main(["export", str(plan), "--to", "megatron"]) == 2
+    assert "plan file: tp*pp*dp = 8*1*2 = 16 > devices(8)" in _err(capsys)

@@ -37,5 +37,5 @@ def test_zero_shards_write_from_every_rank():
 
 
 def test_mtbf_hours_must_be_positive():
-    with pytest.raises(ValueError, match="--mtbf-hours=0 must be a positive number"):
+    with pytest.raises(ValueError, match="--mtbf-hours=0 must be a positive, finite number"):
         hours_to_s(0)
