@@ -236,7 +236,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if kwargs["dtype"] is not None:    # the search's own check, before its header
         from planner.precision import search_dtypes
         search_dtypes(kwargs["dtype"], cluster.device.name, cluster.device.peak_flops)
-    gb = global_batch_of(args, model.seq_len)
+    gb = given = global_batch_of(args, model.seq_len)
     if gb is None:
         check_default_batch_fits(model.seq_len, cluster, "--seq-len" if args.seq_len
                                  else f"model {model.name!r} has seq_len")
@@ -317,7 +317,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 console.print(f"  e.g. {row['id']}: {row['reason']}", highlight=False, markup=False)
     report(console, args, result, wrote_csv)
     if ranked.empty and not args.json:
-        hint = batch_hint(gb, cluster.num_devices, global_batch_of(args, model.seq_len))
+        hint = batch_hint(gb, args.devices or cluster.num_devices, given)
         if hint:
             console.print(hint, highlight=False, markup=False)
     if args.out:  # no legal plan: `best` raises, naming the commonest reasons

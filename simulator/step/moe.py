@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from operator import attrgetter
 
 from planner.mesh import expert_group_ranks
 from planner.precision import block_scaled_device, recipe
@@ -273,9 +274,8 @@ def block_ops(model: ModelSpec, plan: Plan, attention: Attention, device: Device
 _BLOCK_FIELDS = ("micro_batch", "tp", "sequence_parallel", "dtype", "cp", "ep", "etp")
 
 
-def _block_key(plan: Plan) -> tuple:
-    return (plan.micro_batch, plan.tp, plan.sequence_parallel, plan.dtype, plan.cp, plan.ep,
-            plan.etp)
+#: The values of `_BLOCK_FIELDS` of a plan, in that order (the memo keys below).
+_block_key = attrgetter(*_BLOCK_FIELDS)
 
 
 #: Memo of `block_compute` and `chunk_compute` while the cost memo is on

@@ -133,21 +133,18 @@ def test_more_input_refused_before_any_work(capsys, argv, message):
     assert err.startswith("error: ") and message in err
 
 
-def test_a_huge_batch_answers_from_the_closed_form(capsys):
-    # 16,384 sequences on 16 GPUs: 1,024 micro-batches a step at mb=1, past the SimPy tier's
-    # 256, so those plans keep their closed-form estimate instead of a minute of SimPy
-    from planner.search import MAX_SIMULATED_MICROBATCHES
-    assert MAX_SIMULATED_MICROBATCHES == 256
-    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
-                 "--global-batch", "16384", "--top-k", "2", "--json"]) == 0
-
-
 def test_no_plan_on_one_nvl72_rack_names_the_batch_fix(capsys):
     # 512 sequences do not split over 72 GPUs, and tp must divide llama3-8b's 32 heads
     assert main(["plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--nodes",
                  "1"]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert "give --global-batch 504 (a multiple of 72) or --devices 64" in out
+    # the devices asked for, not the cluster's: 512 over 5 GPUs (5 is prime, 32 heads)
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--nodes", "1",
+                 "--devices", "5"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not a multiple of the 5 devices; give --global-batch 510 (a multiple of 5) or " \
+           "--devices 4" in out
 
 
 def test_a_plan_file_error_names_the_file_and_the_section(tmp_path, capsys):
